@@ -1,0 +1,103 @@
+"""The RL-facing policy interface every model implements.
+
+Algorithms (PPO, GRPO, GRAPE, RaC) and the deployment runner talk to models
+only through :class:`Policy`; they never branch on the model type.
+
+Observation: the :mod:`sim.core` dict (``observation.images.<cam>`` uint8
+``[B, H, W, 3]``, ``observation.state`` float32 ``[B, S]``, ``task`` list of B
+strings).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class ActMode(str, enum.Enum):
+    """``EVAL``: deterministic (ODE / greedy). ``EXPLORE``: stochastic, with log-probs."""
+
+    EVAL = "eval"
+    EXPLORE = "explore"
+
+
+class LogProbLevel(str, enum.Enum):
+    """Granularity of the log-probability returned by ``act`` / ``evaluate``.
+
+    ``TOKEN``: one term per action token / action dimension, ``[B, H, A]``;
+    ``ACTION``: summed over action dims, ``[B, H]``; ``CHUNK``: summed over the
+    whole chunk, ``[B]``.
+    """
+
+    TOKEN = "token"
+    ACTION = "action"
+    CHUNK = "chunk"
+
+
+def reduce_logp(logp: torch.Tensor, level: LogProbLevel) -> torch.Tensor:
+    """Reduce per-element log-probs ``[B, H, A]`` to ``level``."""
+    if level is LogProbLevel.TOKEN:
+        return logp
+    if level is LogProbLevel.ACTION:
+        return logp.sum(-1)
+    return logp.sum((-1, -2))
+
+
+@dataclass
+class ActOutput:
+    """What ``Policy.act`` returns.
+
+    Attributes:
+        actions: ``float32 [B, H, A]`` action chunk in the env's action space.
+        logp: log-probability of the sampled chunk at the policy's
+            ``LogProbLevel`` (``[B]``, ``[B, H]`` or ``[B, H, A]``); zeros in eval mode.
+        value: ``float32 [B]`` critic estimate, or None for critic-free policies.
+        extras: tensors (batch-first) that ``evaluate`` needs to recompute
+            ``logp`` exactly (chain states, noise, token ids...).
+    """
+
+    actions: torch.Tensor
+    logp: torch.Tensor
+    value: torch.Tensor | None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Policy(nn.Module, abc.ABC):
+    """A model that acts in action chunks and re-scores what it did."""
+
+    logp_level: LogProbLevel = LogProbLevel.CHUNK
+
+    @property
+    @abc.abstractmethod
+    def chunk_size(self) -> int:
+        """H, the number of actions one ``act`` call returns per env."""
+
+    @abc.abstractmethod
+    def act(self, obs: dict[str, Any], mode: ActMode = ActMode.EXPLORE) -> ActOutput:
+        """Act on a batch of observations."""
+
+    @abc.abstractmethod
+    def evaluate(self, obs: dict[str, Any], extras: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Recompute ``(logp, entropy, value)`` of the sample recorded in ``extras`` (differentiable)."""
+
+    def value(self, obs: dict[str, Any]) -> torch.Tensor:
+        """Critic estimate ``[B]`` for observations (used for bootstrapping final observations)."""
+        raise NotImplementedError(f"{type(self).__name__} has no value head")
+
+    def reset(self) -> None:
+        """Forget per-episode state (queued actions, caches). Default: nothing to forget."""
+
+    @abc.abstractmethod
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write weights, config and normalization statistics to ``directory`` (atomically)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_pretrained(cls, path_or_id: str | Path, **overrides: Any) -> Policy:
+        """Load a checkpoint folder (or a hub id, when the weights are cached locally)."""

@@ -1,0 +1,194 @@
+"""The contract every simulator backend implements.
+
+Observation dict (batched, ``B = num_envs``), keys follow LeRobot's names:
+
+- ``observation.images.<camera>``: ``uint8 [B, H, W, 3]`` per camera;
+- ``observation.state``: ``float32 [B, S]`` proprioception;
+- ``observation.env_state`` (optional): ``float32 [B, P]`` privileged
+  simulator state (object poses) for scripted experts and critics;
+- ``task``: ``list[str]`` of B language instructions.
+
+``step(actions [B, A]) -> (obs, reward [B] f32, terminated [B] bool,
+truncated [B] bool, info)`` with ``info["success"] [B] bool`` and, for envs
+whose episode ended on this step (``terminated | truncated``),
+``info["final_obs"]`` (a full batch dict whose rows for ended envs hold the
+last observation of the old episode) and ``info["episode"]`` (return, length,
+success per env, valid where ended). Envs auto-reset: the returned obs of an
+ended env is the first observation of its next episode.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+OBS_IMAGE_PREFIX = "observation.images."
+OBS_STATE = "observation.state"
+OBS_ENV_STATE = "observation.env_state"
+TASK = "task"
+
+Obs = dict[str, Any]  # str -> Tensor, and TASK -> list[str]
+
+
+def image_key(camera: str) -> str:
+    """The observation key of camera ``camera``."""
+    return OBS_IMAGE_PREFIX + camera
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape (per env, without the batch dim) and dtype of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    low: float | None = None
+    high: float | None = None
+
+    def zeros(self, batch: int) -> torch.Tensor:
+        return torch.zeros((batch, *self.shape), dtype=self.dtype)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What an env emits and accepts.
+
+    Attributes:
+        env_id: the full id, e.g. ``mujoco/pick-red``.
+        observation: tensor specs keyed by observation key (TASK excluded).
+        action: spec of one env's action ``[A]``, normalized to ``[-1, 1]``
+            unless ``low``/``high`` say otherwise.
+        max_episode_steps: steps before truncation.
+        control_freq: env steps per second of simulated time.
+        cameras: camera names, in the order of their image keys.
+    """
+
+    env_id: str
+    observation: dict[str, TensorSpec]
+    action: TensorSpec
+    max_episode_steps: int
+    control_freq: float
+    cameras: tuple[str, ...] = field(default=())
+
+    @property
+    def action_dim(self) -> int:
+        return self.action.shape[0]
+
+    @property
+    def image_keys(self) -> list[str]:
+        return [image_key(c) for c in self.cameras]
+
+
+class EnvError(RuntimeError):
+    """A user-facing error from the sim layer (bad id, bad action, missing driver...)."""
+
+
+class VecEnv(abc.ABC):
+    """A batch of ``num_envs`` environments stepped together (see module doc)."""
+
+    spec: EnvSpec
+    num_envs: int
+
+    @property
+    def instructions(self) -> list[str]:
+        """The current language instruction of each env."""
+        return list(self._instructions)
+
+    _instructions: list[str]
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
+        """Reset all envs, or only ``env_ids`` (the others keep their state).
+
+        ``seed`` seeds env ``i`` with ``seed + i`` (a partial reset uses
+        ``seed + env_id``); ``None`` continues each env's own RNG stream.
+        Returns the full batch observation.
+        """
+
+    @abc.abstractmethod
+    def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Step every env with ``actions [num_envs, A]``; see the module doc."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release workers, renderers and simulator handles. Idempotent."""
+
+    def render(self) -> np.ndarray:
+        """An RGB frame ``uint8 [H, W, 3]`` tiling the first camera of every env."""
+        obs = self._last_obs
+        keys = self.spec.image_keys
+        if not keys:
+            raise EnvError(f"{self.spec.env_id}: no camera observations to render (obs_mode=state?)")
+        return tile_images(obs[keys[0]].numpy())
+
+    _last_obs: Obs
+    _seed: int | None = None
+
+    def _take_seed(self, seed: int | None) -> int | None:
+        """``seed``, or on the first reset the seed given to ``make_env``."""
+        if seed is None:
+            seed = self._seed
+        self._seed = None
+        return seed
+
+    def check_actions(self, actions: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Validate ``actions`` against the spec and return a float32 tensor.
+
+        Raises:
+            EnvError: naming the env id, the expected shape and the one given.
+        """
+        if isinstance(actions, np.ndarray):
+            actions = torch.from_numpy(actions)
+        if not isinstance(actions, torch.Tensor):
+            raise EnvError(f"{self.spec.env_id}: actions must be a tensor, got {type(actions).__name__}")
+        expected = (self.num_envs, *self.spec.action.shape)
+        if tuple(actions.shape) != expected:
+            raise EnvError(
+                f"{self.spec.env_id}: action shape mismatch: expected {list(expected)} "
+                f"([num_envs, action_dim]), got {list(actions.shape)}"
+            )
+        return actions.detach().to("cpu", torch.float32)
+
+    def __enter__(self) -> VecEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort; explicit close() is preferred
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def normalize_env_ids(env_ids: Sequence[int] | torch.Tensor | np.ndarray | None, num_envs: int) -> list[int]:
+    """Turn ``env_ids`` (indices or a boolean mask, or None for all) into a sorted index list."""
+    if env_ids is None:
+        return list(range(num_envs))
+    ids = torch.as_tensor(env_ids)
+    if ids.dtype == torch.bool:
+        if ids.shape != (num_envs,):
+            raise EnvError(f"env_ids mask must have shape [{num_envs}], got {list(ids.shape)}")
+        ids = ids.nonzero().flatten()
+    out = sorted(int(i) for i in ids.flatten().tolist())
+    bad = [i for i in out if not 0 <= i < num_envs]
+    if bad:
+        raise EnvError(f"env_ids {bad} out of range for num_envs={num_envs}")
+    return out
+
+
+def tile_images(images: np.ndarray) -> np.ndarray:
+    """Tile ``[B, H, W, 3]`` images into one near-square ``[H', W', 3]`` grid."""
+    b, h, w, c = images.shape
+    cols = int(np.ceil(np.sqrt(b)))
+    rows = int(np.ceil(b / cols))
+    grid = np.zeros((rows * h, cols * w, c), dtype=images.dtype)
+    for i in range(b):
+        r, k = divmod(i, cols)
+        grid[r * h : (r + 1) * h, k * w : (k + 1) * w] = images[i]
+    return grid

@@ -1,0 +1,35 @@
+"""Options every backend accepts; backends subclass :class:`SimOptions` to add their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SimOptions:
+    """Backend options common to every simulator.
+
+    Attributes:
+        obs_mode: ``rgb`` (cameras + proprioception) or ``state`` (proprioception
+            and privileged state only, no rendering).
+        image_size: camera height and width in pixels; 0 picks the backend's default.
+        max_episode_steps: steps before truncation; 0 keeps the task's default.
+        num_workers: worker processes; -1 picks the backend's default, 0 steps
+            every env in this process.
+        control_mode: the backend's controller name; empty keeps the backend's
+            default (end-effector delta pose).
+    """
+
+    obs_mode: str = "rgb"
+    image_size: int = 0
+    max_episode_steps: int = 0
+    num_workers: int = -1
+    control_mode: str = ""
+
+    def __post_init__(self) -> None:
+        if self.obs_mode not in ("rgb", "state"):
+            raise ValueError(f"obs_mode must be 'rgb' or 'state', got {self.obs_mode!r}")
+        if self.image_size < 0:
+            raise ValueError(f"image_size must be >= 0, got {self.image_size}")
+        if self.max_episode_steps < 0:
+            raise ValueError(f"max_episode_steps must be >= 0, got {self.max_episode_steps}")

@@ -1,0 +1,81 @@
+"""The env-backend registry and ``make_env``.
+
+A backend registers under the prefix of its env ids (``maniskill``,
+``libero``, ``mujoco``, ...) with its options dataclass::
+
+    @ENVS.register("mujoco", config=MujocoOptions)
+    class MujocoBackend(Backend):
+        def tasks(self) -> list[str]: ...
+        def make(self, task, num_envs, seed, options) -> VecEnv: ...
+
+Backend modules import their simulator lazily, inside ``make``, so listing
+env ids never imports SAPIEN, robosuite or MuJoCo.
+"""
+
+from __future__ import annotations
+
+import abc
+import difflib
+
+from sim.core import EnvError, VecEnv
+from sim.options import SimOptions
+from vla_rl.registry import Registry
+
+
+class Backend(abc.ABC):
+    """One family of envs, addressed as ``<prefix>/<task>``."""
+
+    @abc.abstractmethod
+    def tasks(self) -> list[str]:
+        """Every valid task name of this backend (without the prefix)."""
+
+    @abc.abstractmethod
+    def make(self, task: str, num_envs: int, seed: int, options: SimOptions) -> VecEnv:
+        """Build ``num_envs`` envs of ``task``. ``task`` is already validated."""
+
+
+ENVS: Registry[type[Backend]] = Registry("env backend")
+
+
+def list_envs() -> list[str]:
+    """Every valid env id, ``<prefix>/<task>``, sorted."""
+    return [f"{e.name}/{t}" for e in ENVS for t in e.obj().tasks()]
+
+
+def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **options: object) -> VecEnv:
+    """Build a :class:`sim.core.VecEnv` for ``env_id`` (e.g. ``maniskill/PickCube-v1``).
+
+    Args:
+        env_id: ``<backend>/<task>``; :func:`list_envs` lists them.
+        num_envs: envs stepped together.
+        seed: base seed; env ``i`` is seeded with ``seed + i`` on the first reset.
+        **options: fields of the backend's options dataclass (``obs_mode``,
+            ``image_size``, ``num_workers``, ...).
+
+    Raises:
+        EnvError: for an unknown env id (listing the valid ones), an unknown
+            option (listing the valid ones) or ``num_envs < 1``.
+    """
+    if num_envs < 1:
+        raise EnvError(f"{env_id}: num_envs must be >= 1, got {num_envs}")
+    prefix, _, task = env_id.partition("/")
+    if prefix not in ENVS or not task:
+        raise EnvError(_unknown(env_id, list_envs()))
+    entry = ENVS.get(prefix)
+    backend = entry.obj()
+    valid = backend.tasks()
+    if task not in valid:
+        raise EnvError(_unknown(env_id, [f"{prefix}/{t}" for t in valid]))
+    try:
+        opts = ENVS.make_config(prefix, **options)
+    except (ValueError, TypeError) as exc:
+        raise EnvError(f"{env_id}: {exc}") from None
+    env = backend.make(task, num_envs, seed, opts)
+    env._seed = seed  # first reset(seed=None) uses it
+    return env
+
+
+def _unknown(env_id: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(env_id, valid, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return f"unknown env id {env_id!r}.{hint} Valid env ids: {', '.join(valid)}"
