@@ -117,6 +117,14 @@ class VecEnv(abc.ABC):
     def close(self) -> None:
         """Release workers, renderers and simulator handles. Idempotent."""
 
+    def expert_actions(self) -> torch.Tensor:
+        """The scripted expert's actions ``[num_envs, A]`` from privileged state.
+
+        Raises:
+            NotImplementedError: if the task has no scripted expert.
+        """
+        raise NotImplementedError(f"{self.spec.env_id} has no scripted expert")
+
     def render(self) -> np.ndarray:
         """An RGB frame ``uint8 [H, W, 3]`` tiling the first camera of every env."""
         obs = self._last_obs

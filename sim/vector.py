@@ -19,11 +19,11 @@ import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 import torch
+import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
 
 from sim.core import TASK, EnvError, EnvSpec, Obs, VecEnv, normalize_env_ids
 from sim.single import SingleEnv, StepOut
@@ -154,48 +154,24 @@ def _write(bufs: dict[str, np.ndarray], row: int, obs: dict[str, np.ndarray]) ->
 # ---------------------------------------------------------------- processes
 
 
-class _Shm:
-    """Named shared-memory arrays for the observation and final-observation buffers."""
+def _shared_buffers(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
+    """Observation buffers ``[n, ...]`` in shared memory (sent to workers over their pipe)."""
+    return {k: torch.zeros((n, *s.shape), dtype=s.dtype).share_memory_() for k, s in spec.observation.items()}
 
-    def __init__(self, spec: EnvSpec, n: int, create: bool, names: dict[str, str] | None = None) -> None:
-        self.blocks: list[shared_memory.SharedMemory] = []
-        self.arrays: dict[str, np.ndarray] = {}
-        self.names: dict[str, str] = {}
-        for k, s in spec.observation.items():
-            dt = _np_dtype(s.dtype)
-            nbytes = max(1, int(np.prod((n, *s.shape))) * dt.itemsize)
-            if create:
-                blk = shared_memory.SharedMemory(create=True, size=nbytes)
-            else:
-                blk = shared_memory.SharedMemory(name=names[k], track=False)  # type: ignore[index]
-            self.blocks.append(blk)
-            self.names[k] = blk.name
-            self.arrays[k] = np.ndarray((n, *s.shape), dtype=dt, buffer=blk.buf)
 
-    def close(self, unlink: bool) -> None:
-        self.arrays = {}
-        for blk in self.blocks:
-            blk.close()
-            if unlink:
-                try:
-                    blk.unlink()
-                except FileNotFoundError:
-                    pass
-        self.blocks = []
+def _numpy_views(bufs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in bufs.items()}
 
 
 def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     envs: list[SingleEnv] = []
-    obs_shm = final_shm = None
     try:
         envs = [f() for f in factories]
         spec = envs[0].spec
         conn.send(("ok", spec))
-        obs_names, final_names = conn.recv()
-        obs_shm = _Shm(spec, n, create=False, names=obs_names)
-        final_shm = _Shm(spec, n, create=False, names=final_names)
+        obs_bufs, final_bufs = (_numpy_views(b) for b in conn.recv())
         while True:
             cmd, arg = conn.recv()
             if cmd == "step":
@@ -203,12 +179,12 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
                 for j, env in enumerate(envs):
                     out = env.step(arg[j])
                     row = offset + j
-                    _write(obs_shm.arrays, row, out.obs)
+                    _write(obs_bufs, row, out.obs)
                     text = None
                     if out.terminated or out.truncated:
-                        _write(final_shm.arrays, row, out.obs)
+                        _write(final_bufs, row, out.obs)
                         obs, text = env.reset(None)
-                        _write(obs_shm.arrays, row, obs)
+                        _write(obs_bufs, row, obs)
                     outs.append(StepOut({}, out.reward, out.terminated, out.truncated, out.success, out.reward_terms))
                     instr.append(text)
                 conn.send(("ok", (outs, instr)))
@@ -216,7 +192,7 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
                 texts = []
                 for j, seed in arg:
                     obs, text = envs[j].reset(seed)
-                    _write(obs_shm.arrays, offset + j, obs)
+                    _write(obs_bufs, offset + j, obs)
                     texts.append((j, text))
                 conn.send(("ok", texts))
             elif cmd == "expert":
@@ -236,9 +212,6 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
                 e.close()
             except Exception:
                 pass
-        for shm in (obs_shm, final_shm):
-            if shm is not None:
-                shm.close(unlink=False)
         try:
             conn.send(("closed", None))
         except Exception:
@@ -289,10 +262,10 @@ class ProcessVecEnv(_Bookkeeping):
                 self._procs.append(p)
             specs = [self._recv(w, timeout=start_timeout) for w in range(len(self._conns))]
             self._init_books(replace(specs[0], env_id=env_id), n)
-            self._obs_shm = _Shm(specs[0], n, create=True)
-            self._final_shm = _Shm(specs[0], n, create=True)
+            obs_t, final_t = _shared_buffers(specs[0], n), _shared_buffers(specs[0], n)
             for c in self._conns:
-                c.send((self._obs_shm.names, self._final_shm.names))
+                c.send((obs_t, final_t))
+            self._obs_bufs, self._final_bufs = _numpy_views(obs_t), _numpy_views(final_t)
         except BaseException:
             self.close()
             raise
@@ -324,7 +297,7 @@ class ProcessVecEnv(_Bookkeeping):
             for j, text in self._recv(w):
                 self._instructions[self._slices[w][0] + j] = text
         self._reset_books(ids)
-        self._last_obs = self._batch(self._obs_shm.arrays)
+        self._last_obs = self._batch(self._obs_bufs)
         return self._last_obs
 
     def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -339,7 +312,7 @@ class ProcessVecEnv(_Bookkeeping):
             for j, text in enumerate(texts):
                 if text is not None:
                     self._instructions[a + j] = text
-        return self._finish_step(outs, self._obs_shm.arrays, self._final_shm.arrays)
+        return self._finish_step(outs, self._obs_bufs, self._final_bufs)
 
     def expert_actions(self) -> torch.Tensor:
         """Scripted-expert actions ``[B, A]`` computed inside the workers."""
@@ -364,9 +337,6 @@ class ProcessVecEnv(_Bookkeeping):
                 p.join(timeout=5)
         for c in getattr(self, "_conns", []):
             c.close()
-        for shm in (getattr(self, "_obs_shm", None), getattr(self, "_final_shm", None)):
-            if shm is not None:
-                shm.close(unlink=True)
 
 
 def build_vec_env(factories: Sequence[EnvFactory], env_id: str, num_workers: int, context: str = "forkserver") -> VecEnv:

@@ -1,0 +1,72 @@
+"""The vectorization layer (serial and worker processes) on a toy env with known dynamics."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from sim.core import OBS_STATE, EnvError
+from sim.vector import ProcessVecEnv, SerialVecEnv
+from tests.sim.toy_env import CounterEnv
+
+
+def _make(kind: str, n: int = 3, **kw):
+    factories = [functools.partial(CounterEnv, **kw) for _ in range(n)]
+    if kind == "serial":
+        return SerialVecEnv(factories, "toy/counter")
+    return ProcessVecEnv(factories, "toy/counter", num_workers=2)
+
+
+@pytest.fixture(params=["serial", "process"])
+def kind(request):
+    return request.param
+
+
+def test_auto_reset_final_obs_and_episode_stats(kind):
+    with _make(kind, episode_steps=4) as env:
+        env.reset(seed=0)
+        ones = torch.ones(3, 1)
+        # Expert pushes +1 per step: success (terminated) after 2 steps from pos < 0.3.
+        env.step(ones)
+        obs, reward, term, trunc, info = env.step(ones)
+        assert term.all() and not trunc.any()
+        assert torch.equal(reward, torch.ones(3))
+        assert info["final_obs"][OBS_STATE][:, 0].ge(2.0).all()  # last obs of the old episode
+        assert obs[OBS_STATE][:, 1].eq(0).all()  # new episode started at t = 0
+        assert info["episode"]["length"].tolist() == [2, 2, 2]
+        assert info["episode"]["return"].tolist() == [1.0, 1.0, 1.0]
+        assert info["reward_terms"]["success"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_truncation_is_not_termination(kind):
+    with _make(kind, episode_steps=2) as env:
+        env.reset(seed=0)
+        env.step(torch.zeros(3, 1))
+        _, _, term, trunc, info = env.step(torch.zeros(3, 1))
+        assert trunc.all() and not term.any() and not info["episode"]["success"].any()
+
+
+def test_partial_reset_and_seeding(kind):
+    with _make(kind) as env:
+        a = env.reset(seed=1)
+        env.step(torch.full((3, 1), 0.5))
+        moved = env._last_obs
+        b = env.reset(seed=1, env_ids=[2])
+        assert torch.equal(b[OBS_STATE][2], a[OBS_STATE][2])
+        assert torch.equal(b[OBS_STATE][:2], moved[OBS_STATE][:2])
+        assert env.expert_actions().shape == (3, 1)
+
+
+def test_worker_crash_is_reported_with_env_id():
+    with _make("process", fail_at=1) as env:
+        env.reset(seed=0)
+        env.step(torch.zeros(3, 1))
+        with pytest.raises(EnvError, match="toy/counter: worker 0 failed: RuntimeError: simulated crash"):
+            env.step(torch.zeros(3, 1))
+
+
+def test_fork_context_is_refused():
+    with pytest.raises(EnvError, match="fork"):
+        ProcessVecEnv([CounterEnv], "toy/counter", 1, context="fork")

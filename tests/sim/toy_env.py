@@ -1,0 +1,48 @@
+"""A tiny deterministic SingleEnv for testing the vectorization layer itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sim.core import OBS_STATE, EnvSpec, TensorSpec, image_key
+from sim.single import SingleEnv, StepOut
+
+
+class CounterEnv(SingleEnv):
+    """State = [position, steps]; the action adds to position; success when position >= goal."""
+
+    def __init__(self, episode_steps: int = 5, goal: float = 2.0, fail_at: int = -1) -> None:
+        self.spec = EnvSpec(
+            env_id="toy/counter",
+            observation={OBS_STATE: TensorSpec((2,), torch.float32), image_key("cam"): TensorSpec((4, 4, 3), torch.uint8)},
+            action=TensorSpec((1,), torch.float32, -1.0, 1.0),
+            max_episode_steps=episode_steps,
+            control_freq=10.0,
+            cameras=("cam",),
+        )
+        self.goal, self.fail_at = goal, fail_at
+        self.rng = np.random.default_rng(0)
+        self.pos, self.t = 0.0, 0
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        img = np.full((4, 4, 3), int(self.pos * 10) % 256, dtype=np.uint8)
+        return {OBS_STATE: np.array([self.pos, self.t], dtype=np.float32), image_key("cam"): img}
+
+    def reset(self, seed):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.pos, self.t = float(self.rng.integers(0, 3)) / 10, 0
+        return self._obs(), f"count to {self.goal}"
+
+    def step(self, action):
+        if self.t == self.fail_at:
+            raise RuntimeError("simulated crash")
+        self.pos += float(action[0])
+        self.t += 1
+        success = self.pos >= self.goal
+        return StepOut(self._obs(), float(success), success, self.t >= self.spec.max_episode_steps, success,
+                       {"success": float(success)})
+
+    def expert_action(self):
+        return np.array([1.0], dtype=np.float32)

@@ -1,0 +1,96 @@
+"""The ``vla-rl`` command: config parsing errors, presets, and the sim commands end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vla_rl.cli import main, parse_config
+from vla_rl.config import CollectConfig, RolloutConfig
+
+
+def test_overrides_and_preset(tmp_path):
+    cfg = parse_config(RolloutConfig, ["--env.num_envs", "3", "--env.id", "maniskill/PickCube-v1"])
+    assert cfg.env.num_envs == 3 and cfg.env.id == "maniskill/PickCube-v1"
+    preset = tmp_path / "p.yaml"
+    preset.write_text("env:\n  id: mujoco/pick-blue\n  num_envs: 2\nepisodes: 9\n")
+    cfg = parse_config(RolloutConfig, ["--config_path", str(preset), "--episodes", "5"])
+    assert (cfg.env.id, cfg.env.num_envs, cfg.episodes) == ("mujoco/pick-blue", 2, 5)
+
+
+def test_wrong_type_names_the_key(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_config(RolloutConfig, ["--env.num_envs", "four"])
+    assert exc.value.code == 2
+    assert "env.num_envs" in capsys.readouterr().err
+
+
+def test_misspelled_key_in_preset_names_the_key(tmp_path, capsys):
+    preset = tmp_path / "bad.yaml"
+    preset.write_text("env:\n  num_env: 2\n")
+    with pytest.raises(SystemExit):
+        parse_config(RolloutConfig, ["--config_path", str(preset)])
+    err = capsys.readouterr().err
+    assert "num_env" in err and "env" in err
+
+
+def test_misspelled_cli_key_fails():
+    proc = subprocess.run(
+        [sys.executable, "-m", "vla_rl.cli", "rollout", "--env.num_env", "2"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "--env.num_env" in proc.stderr
+
+
+def test_unknown_command_and_preset(capsys):
+    with pytest.raises(SystemExit):
+        main(["rollotu"])
+    assert "Did you mean rollout" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="unknown preset 'nope'"):
+        parse_config(CollectConfig, ["--preset", "nope"])
+
+
+def test_envs_lists_every_backend(capsys):
+    ids = main(["envs"])
+    for prefix in ("maniskill/", "libero/", "mujoco/", "gym_hil/", "lerobot_env_so101/"):
+        assert any(i.startswith(prefix) for i in ids), prefix
+
+
+def test_rollout_expert_with_video(tmp_path):
+    stats = main([
+        "rollout", "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--policy", "expert",
+        "--episodes", "2", "--video", "true", "--output_dir", str(tmp_path),
+    ])
+    assert stats.episodes == 2 and stats.successes >= 1
+    video = tmp_path / "rollout.mp4"
+    assert video.stat().st_size > 1000
+    import imageio.v3 as iio
+
+    frames = iio.imread(video, plugin="pyav")
+    assert frames.ndim == 4 and frames.shape[0] >= 10 and frames.shape[-1] == 3
+    summary = json.loads((tmp_path / "rollout.json").read_text())
+    assert summary["episodes"] == 2 and summary["env_id"] == "mujoco/pick-red"
+
+
+def test_collect_writes_a_lerobot_dataset(tmp_path):
+    root = tmp_path / "demos"
+    stats = main([
+        "collect", "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--episodes", "2",
+        "--output", str(root),
+    ])
+    assert stats["saved"] == 2 and not (tmp_path / "demos.partial").exists()
+    from sim.dataset import load_dataset
+
+    ds = load_dataset(root)
+    assert ds.num_episodes == 2 and len(ds) == stats["frames"]
+    item = ds[0]
+    assert {"observation.state", "action", "task", "next.success"} <= set(item)
+    assert any(k.startswith("observation.images.") for k in item)
+    assert item["task"] == "pick up the red cube" or "red" in item["task"]
+    # Every kept episode ends in success.
+    last = ds[len(ds) - 1]
+    assert bool(last["next.success"].item())
+    with pytest.raises(SystemExit):  # refuses to overwrite an existing dataset
+        main(["collect", "--env.id", "mujoco/pick-red", "--episodes", "1", "--output", str(root)])

@@ -1,0 +1,100 @@
+"""The ``vla-rl`` command: ``vla-rl <command> [--preset NAME | --config_path FILE] [--field.sub value ...]``.
+
+Commands are registered in :data:`vla_rl.commands.COMMANDS` with their config
+dataclass; arguments are parsed by draccus. A misspelled key or a value of the
+wrong type stops with the key's path and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _load_commands() -> None:
+    # Importing a command module registers it.
+    from vla_rl.commands import collect, rollout  # noqa: F401
+
+
+def preset_path(name: str) -> Path:
+    """``configs/<name>.yaml``.
+
+    Raises:
+        FileNotFoundError: naming the preset and listing the available ones.
+    """
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"unknown preset {name!r} (no {path}); available: {', '.join(names) or 'none'}")
+    return path
+
+
+def _usage(commands: object) -> str:
+    lines = ["usage: vla-rl <command> [--preset NAME | --config_path FILE] [--key.sub VALUE ...]", "", "commands:"]
+    for entry in commands:  # type: ignore[attr-defined]
+        lines.append(f"  {entry.name:<10} {entry.help}")
+    lines.append("")
+    lines.append("`vla-rl <command> --help` lists every field of that command.")
+    return "\n".join(lines)
+
+
+def parse_config(config_class: type, args: Sequence[str]) -> object:
+    """Parse ``args`` (with optional ``--preset``) into ``config_class`` via draccus.
+
+    Raises:
+        SystemExit(2): with the offending key's path for unknown keys and bad values.
+    """
+    import draccus
+
+    args = list(args)
+    config_path = None
+    if "--preset" in args:
+        i = args.index("--preset")
+        if i + 1 >= len(args):
+            raise SystemExit("vla-rl: --preset needs a name")
+        config_path = str(preset_path(args[i + 1]))
+        del args[i : i + 2]
+    try:
+        return draccus.parse(config_class, config_path=config_path, args=args)
+    except draccus.utils.DecodingError as exc:
+        print(f"vla-rl: invalid config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (ValueError, TypeError) as exc:  # validation in __post_init__
+        print(f"vla-rl: invalid config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def main(argv: Sequence[str] | None = None) -> object:
+    """Entry point of the ``vla-rl`` console script."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from vla_rl.commands import COMMANDS
+
+    _load_commands()
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage(COMMANDS))
+        return None
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"vla-rl: {COMMANDS.unknown_message(name)}", file=sys.stderr)
+        raise SystemExit(2)
+    entry = COMMANDS.get(name)
+    cfg = parse_config(entry.config, rest)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from sim import EnvError
+
+    try:
+        return entry.obj(cfg)
+    except (EnvError, FileNotFoundError, FileExistsError) as exc:
+        print(f"vla-rl {name}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

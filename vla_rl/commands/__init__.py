@@ -1,0 +1,5 @@
+"""CLI commands, each a function registered in :data:`COMMANDS` with its config dataclass."""
+
+from vla_rl.registry import Registry
+
+COMMANDS: Registry = Registry("command")

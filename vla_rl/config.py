@@ -1,0 +1,94 @@
+"""Typed configs shared by every command (parsed by draccus).
+
+Each command has one top config (``RolloutConfig``, ``CollectConfig``, ...);
+nested configs hold the env, the policy and the algorithm. Presets are YAML
+files in ``configs/`` (``--preset NAME`` or ``--config_path FILE``); any field
+can be overridden on the command line (``--env.num_envs 4``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from sim import VecEnv, make_env
+
+
+@dataclass
+class EnvConfig:
+    """Which simulator task to run and how."""
+
+    id: str = "mujoco/multi"
+    """Env id ``<backend>/<task>``; ``vla-rl envs`` lists them."""
+    num_envs: int = 4
+    """Envs stepped together."""
+    seed: int = 0
+    """Base seed: env i starts from seed + i."""
+    obs_mode: str = "rgb"
+    """``rgb`` (cameras + state) or ``state`` (no rendering)."""
+    image_size: int = 0
+    """Camera height/width in pixels; 0 = the backend's default."""
+    max_episode_steps: int = 0
+    """Steps before truncation; 0 = the task's default."""
+    num_workers: int = -1
+    """Worker processes; -1 = the backend's default, 0 = in this process."""
+    control_mode: str = ""
+    """Controller name; empty = the backend's default (end-effector delta pose)."""
+
+    def make(self, num_envs: int | None = None, seed: int | None = None) -> VecEnv:
+        """Build the env (``num_envs`` / ``seed`` override the config's)."""
+        options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "num_envs", "seed")}
+        return make_env(
+            self.id, num_envs=self.num_envs if num_envs is None else num_envs,
+            seed=self.seed if seed is None else seed, **options,
+        )
+
+
+@dataclass
+class VideoConfig:
+    """Rollout videos."""
+
+    enabled: bool = False
+    """Record an MP4 of the env cameras."""
+    fps: int = 0
+    """Frames per second; 0 = the env's control frequency."""
+    max_envs: int = 4
+    """Envs tiled into each frame."""
+
+
+def default_runs_dir() -> Path:
+    """``$VLA_RL_RUNS`` or ``runs/`` under the working directory."""
+    return Path(os.environ.get("VLA_RL_RUNS", "runs"))
+
+
+@dataclass
+class RolloutConfig:
+    """``vla-rl rollout``: run a policy in an env, report success, optionally record video."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: str = "random"
+    """``random``, ``expert`` (the task's scripted expert) or a policy checkpoint folder."""
+    episodes: int = 4
+    """Episodes to finish before stopping (counted over all envs)."""
+    video: bool = False
+    """Write ``rollout.mp4`` of the cameras."""
+    output_dir: str = ""
+    """Where videos and the summary go; empty = ``runs/rollout-<env>``."""
+
+
+@dataclass
+class CollectConfig:
+    """``vla-rl collect``: record scripted-expert episodes as a LeRobotDataset v3."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    episodes: int = 20
+    """Episodes to record."""
+    output: str = ""
+    """Dataset folder; empty = ``data/<env id>-expert-s<seed>``. Must not exist."""
+    repo_id: str = "local/vla-rl-demos"
+    """Dataset name in its metadata (nothing is uploaded)."""
+    only_success: bool = True
+    """Keep only episodes the expert finished successfully."""
+    max_attempts: int = 0
+    """Stop after this many episodes even if fewer succeeded; 0 = 3 x episodes."""
