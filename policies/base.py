@@ -90,6 +90,15 @@ class Policy(nn.Module, abc.ABC):
         """Critic estimate ``[B]`` for observations (used for bootstrapping final observations)."""
         raise NotImplementedError(f"{type(self).__name__} has no value head")
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """Parameters trained by the value loss (default: those under a ``value_head`` attribute)."""
+        return [p for n, p in self.named_parameters() if n.startswith("value_head.") and p.requires_grad]
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        """Parameters trained by the policy loss: every trainable parameter that is not the critic's."""
+        critic = {id(p) for p in self.critic_parameters()}
+        return [p for p in self.parameters() if p.requires_grad and id(p) not in critic]
+
     def reset(self) -> None:
         """Forget per-episode state (queued actions, caches). Default: nothing to forget."""
 
