@@ -101,11 +101,13 @@ class VecEnv(abc.ABC):
     _instructions: list[str]
 
     @abc.abstractmethod
-    def reset(self, seed: int | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
+    def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
         """Reset all envs, or only ``env_ids`` (the others keep their state).
 
-        ``seed`` seeds env ``i`` with ``seed + i`` (a partial reset uses
-        ``seed + env_id``); ``None`` continues each env's own RNG stream.
+        An int ``seed`` seeds env ``i`` with ``seed + i`` (a partial reset uses
+        ``seed + env_id``); a sequence gives one seed per reset env (used to
+        start a GRPO group from one initial state); ``None`` continues each
+        env's own RNG stream.
         Returns the full batch observation.
         """
 
@@ -188,6 +190,18 @@ def normalize_env_ids(env_ids: Sequence[int] | torch.Tensor | np.ndarray | None,
     if bad:
         raise EnvError(f"env_ids {bad} out of range for num_envs={num_envs}")
     return out
+
+
+def seeds_for_ids(seed: int | Sequence[int] | None, ids: list[int]) -> list[int | None]:
+    """Per-env seeds for a reset of ``ids`` (see :meth:`VecEnv.reset`)."""
+    if seed is None:
+        return [None] * len(ids)
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + i for i in ids]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != len(ids):
+        raise EnvError(f"reset: got {len(seeds)} seeds for {len(ids)} envs")
+    return seeds
 
 
 def tile_images(images: np.ndarray) -> np.ndarray:

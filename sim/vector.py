@@ -25,14 +25,10 @@ import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
 
-from sim.core import TASK, EnvError, EnvSpec, Obs, VecEnv, normalize_env_ids
+from sim.core import TASK, EnvError, EnvSpec, Obs, VecEnv, normalize_env_ids, seeds_for_ids
 from sim.single import SingleEnv, StepOut
 
 EnvFactory = Callable[[], SingleEnv]
-
-
-def _seed_for(seed: int | None, env_id: int) -> int | None:
-    return None if seed is None else seed + env_id
 
 
 class _Bookkeeping(VecEnv):
@@ -110,11 +106,11 @@ class SerialVecEnv(_Bookkeeping):
         self._final = _alloc(spec, self.num_envs)
         self._final_instructions = [""] * self.num_envs
 
-    def reset(self, seed: int | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
+    def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
         ids = normalize_env_ids(env_ids, self.num_envs)
         seed = self._take_seed(seed)
-        for i in ids:
-            obs, self._instructions[i] = self._envs[i].reset(_seed_for(seed, i))
+        for i, s in zip(ids, seeds_for_ids(seed, ids)):
+            obs, self._instructions[i] = self._envs[i].reset(s)
             _write(self._obs, i, obs)
         self._reset_books(ids)
         self._last_obs = self._batch(self._obs)
@@ -284,12 +280,12 @@ class ProcessVecEnv(_Bookkeeping):
             raise EnvError(f"{self._env_id}: worker {w} failed: {msg}\n--- worker traceback ---\n{tb}")
         return payload
 
-    def reset(self, seed: int | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
+    def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
         ids = normalize_env_ids(env_ids, self.num_envs)
-        seed = self._take_seed(seed)
+        seeds = seeds_for_ids(self._take_seed(seed), ids)
         busy = []
         for w, (a, b) in enumerate(self._slices):
-            mine = [(i - a, _seed_for(seed, i)) for i in ids if a <= i < b]
+            mine = [(i - a, s) for i, s in zip(ids, seeds) if a <= i < b]
             if mine:
                 self._conns[w].send(("reset", mine))
                 busy.append(w)

@@ -70,3 +70,11 @@ def test_worker_crash_is_reported_with_env_id():
 def test_fork_context_is_refused():
     with pytest.raises(EnvError, match="fork"):
         ProcessVecEnv([CounterEnv], "toy/counter", 1, context="fork")
+
+
+def test_per_env_seed_list_starts_envs_from_one_state(kind):
+    with _make(kind) as env:
+        obs = env.reset(seed=[4, 4, 4])
+        assert obs[OBS_STATE][:, 0].unique().numel() == 1
+        with pytest.raises(EnvError, match="2 seeds for 3 envs"):
+            env.reset(seed=[1, 2])
