@@ -1,0 +1,128 @@
+"""Deterministic evaluation on a fixed, held-out set of episodes.
+
+Env ``i`` of an evaluation env built with seed ``s`` plays its episodes from
+its own seeded stream, and contributes exactly its first ``ceil(N / B)``
+episodes (the total trimmed to ``N`` in env order). So the set of initial
+states depends only on ``(s, N, B)``, never on the policy, and two policies
+evaluated with the same settings face the same episodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from sim.core import Obs, VecEnv
+from sim.video import VideoWriter
+
+ActionFn = Callable[[Obs], torch.Tensor]  # obs -> action chunk [B, H, A]
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% (z = 1.96) Wilson score interval of a success rate; ``(0, 1)`` when ``n == 0``."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class EvalResult:
+    """Outcome of :func:`evaluate_episodes`."""
+
+    episodes: int
+    successes: int
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    mean_return: float
+    mean_length: float
+    per_task: dict[str, dict[str, float]] = field(default_factory=dict)
+    video: str | None = None
+
+    def scalars(self, prefix: str = "eval/") -> dict[str, float]:
+        """Flat metrics for logging."""
+        out = {
+            f"{prefix}success": self.success_rate, f"{prefix}success_ci_low": self.ci_low,
+            f"{prefix}success_ci_high": self.ci_high, f"{prefix}return": self.mean_return,
+            f"{prefix}length": self.mean_length,
+        }
+        for task, row in self.per_task.items():
+            out[f"{prefix}task/{task}"] = row["success"]
+        return out
+
+
+def evaluate_episodes(
+    env: VecEnv,
+    act: ActionFn,
+    episodes: int,
+    seed: int,
+    exec_steps: int = 0,
+    video_path: str | Path | None = None,
+    video_envs: int = 4,
+    desc: str = "eval",
+    progress: bool = True,
+) -> EvalResult:
+    """Run ``episodes`` episodes (see module doc) and summarize them.
+
+    Args:
+        env: the env; it is reset with ``seed``.
+        act: maps a batch observation to an action chunk ``[B, H, A]``.
+        episodes: N, the number of episodes.
+        seed: base seed of the evaluation episodes (keep it away from training seeds).
+        exec_steps: actions of each chunk to execute (0 = all).
+        video_path: write an MP4 of the first ``video_envs`` envs' cameras there.
+    """
+    b = env.num_envs
+    quota = math.ceil(episodes / b)
+    counts = [0] * b
+    records: list[tuple[int, int, str, float, int, bool]] = []  # env, k, task, return, length, success
+    obs = env.reset(seed=seed)
+    video = VideoWriter(video_path, env.spec.control_freq) if video_path and env.spec.image_keys else None
+    if video is not None:
+        video.add_obs(obs, env.spec.image_keys, video_envs)
+    with tqdm(total=quota * b, desc=desc, unit="ep", disable=not progress, leave=False) as bar:
+        while min(counts) < quota:
+            chunk = act(obs)
+            steps = chunk.shape[1] if exec_steps <= 0 else min(exec_steps, chunk.shape[1])
+            for h in range(steps):
+                obs, _, _, _, info = env.step(chunk[:, h])
+                if video is not None and min(counts[:video_envs]) < quota:
+                    video.add_obs(obs, env.spec.image_keys, video_envs)
+                if "episode" not in info:
+                    continue
+                ep = info["episode"]
+                for i in info["done"].nonzero().flatten().tolist():
+                    if counts[i] < quota:
+                        records.append((i, counts[i], info["final_obs"]["task"][i], float(ep["return"][i]),
+                                        int(ep["length"][i]), bool(ep["success"][i])))
+                        counts[i] += 1
+                        bar.update(1)
+                if min(counts) >= quota:
+                    break
+    records.sort(key=lambda r: (r[1], r[0]))  # round-robin over envs, then trim to N
+    records = records[:episodes]
+    succ = sum(r[5] for r in records)
+    lo, hi = wilson_interval(succ, len(records))
+    per: dict[str, list[tuple[float, int, bool]]] = defaultdict(list)
+    for r in records:
+        per[r[2]].append((r[3], r[4], r[5]))
+    per_task = {
+        task: {"episodes": len(v), "success": sum(x[2] for x in v) / len(v)} for task, v in sorted(per.items())
+    }
+    path = video.close() if video is not None else None
+    return EvalResult(
+        episodes=len(records), successes=succ, success_rate=succ / max(1, len(records)), ci_low=lo, ci_high=hi,
+        mean_return=sum(r[3] for r in records) / max(1, len(records)),
+        mean_length=sum(r[4] for r in records) / max(1, len(records)),
+        per_task=per_task, video=str(path) if path else None,
+    )

@@ -1,0 +1,133 @@
+"""Configs of ``vla-rl train``: env, policy (a draccus choice over the policy registry), algorithm, eval, logging.
+
+``--policy.type compact-flow --policy.width 64`` picks a registered policy and
+sets its config fields; ``--policy.path DIR`` starts from a checkpoint instead
+of fresh weights (its saved architecture wins; sampler settings given on the
+command line still apply).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import draccus
+
+import policies as _policies  # noqa: F401  (registers the policy modules)
+from policies.registry import POLICIES
+from vla_rl.algorithms.learners import ALGORITHMS, AlgoConfig
+from vla_rl.config import EnvConfig
+from vla_rl.run_logging import LoggingConfig
+
+DEFAULT_POLICY = "compact-flow"
+
+
+class PolicyConfig(draccus.ChoiceRegistry):
+    """Base of the per-policy configs; ``--policy.type NAME`` chooses one."""
+
+    @classmethod
+    def default_choice_name(cls) -> str:
+        return DEFAULT_POLICY
+
+
+def _choice_configs() -> dict[str, type]:
+    """One draccus choice class per registered policy: its config fields plus ``path``."""
+    out = {}
+    for entry in POLICIES:
+        if entry.config is None:
+            continue
+        ns = {"__annotations__": {"path": str}, "path": "", "__doc__": entry.config.__doc__,
+              "__module__": __name__}
+        choice = dataclass(type(f"{entry.config.__name__}Choice", (entry.config, PolicyConfig), ns))
+        PolicyConfig.register_subclass(entry.name, choice)
+        out[entry.name] = choice
+    return out
+
+
+POLICY_CHOICES = _choice_configs()
+
+
+def policy_type(cfg: PolicyConfig) -> str:
+    """The registry name of a policy choice config."""
+    return PolicyConfig.get_choice_name(type(cfg))
+
+
+def policy_options(cfg: PolicyConfig) -> dict:
+    """The policy's own config fields (without ``path``) as keyword values."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "path"}
+
+
+@dataclass
+class EvalConfig:
+    """Periodic deterministic evaluation on held-out seeds."""
+
+    episodes: int = 20
+    """Episodes per evaluation."""
+    num_envs: int = 0
+    """Eval envs; 0 = the same as env.num_envs."""
+    seed: int = 1_000_000
+    """Base seed of the evaluation episodes, far from the training seeds."""
+    every: int = 5
+    """Evaluate every this many iterations (and before the first and after the last); 0 = only before and after."""
+    video: bool = True
+    """Write an MP4 of each evaluation."""
+    video_envs: int = 4
+    """Envs tiled into the eval video."""
+
+
+def _default_policy() -> PolicyConfig:
+    return POLICY_CHOICES[DEFAULT_POLICY]()
+
+
+@dataclass
+class TrainConfig:
+    """``vla-rl train``: RL fine-tuning of a policy in a vectorized env."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=_default_policy)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    iterations: int = 20
+    """Training iterations (collect + update)."""
+    seed: int = 0
+    """Seed of torch/numpy/python RNGs and of the training episodes."""
+    name: str = ""
+    """Run name; empty = ``<algo>-<env>-s<seed>``."""
+    run_dir: str = ""
+    """Run folder; empty = ``runs/<name>``."""
+    resume: bool = False
+    """Continue the run in ``run_dir`` from its last checkpoint."""
+    exec_steps: int = 0
+    """Actions of each chunk executed per decision; 0 = the whole chunk."""
+    reset_every_iteration: bool = True
+    """Reset all envs (with per-iteration seeds) at the start of each iteration: iterations are then
+    a pure function of (weights, optimizer, RNG, iteration), which makes --resume exact."""
+    checkpoint_every: int = 1
+    """Save a checkpoint every this many iterations."""
+    keep_last: int = 3
+    """Checkpoints kept (plus ``best``)."""
+
+    def __post_init__(self) -> None:
+        if self.algo.name not in ALGORITHMS:
+            raise ValueError(f"algo.name: {ALGORITHMS.unknown_message(self.algo.name)}")
+        if self.iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {self.iterations}")
+        if self.algo.name == "grpo" and self.env.num_envs % self.algo.group_size:
+            raise ValueError(
+                f"algo.group_size={self.algo.group_size} must divide env.num_envs={self.env.num_envs} "
+                "(GRPO plays group_size rollouts from each initial state)"
+            )
+        chunk = getattr(self.policy, "chunk_size", 0)
+        steps = self.exec_steps or chunk
+        if self.exec_steps and chunk and self.exec_steps > chunk:
+            raise ValueError(f"exec_steps={self.exec_steps} exceeds policy.chunk_size={chunk}")
+        if self.env.max_episode_steps and steps and steps > self.env.max_episode_steps:
+            raise ValueError(
+                f"policy.chunk_size / exec_steps ({steps}) is longer than env.max_episode_steps "
+                f"({self.env.max_episode_steps}): one decision would span several episodes"
+            )
+
+    @property
+    def run_name(self) -> str:
+        return self.name or f"{self.algo.name}-{self.env.id.replace('/', '-')}-s{self.seed}"
