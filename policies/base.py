@@ -99,6 +99,17 @@ class Policy(nn.Module, abc.ABC):
         critic = {id(p) for p in self.critic_parameters()}
         return [p for p in self.parameters() if p.requires_grad and id(p) not in critic]
 
+    def sft_loss(self, obs: dict[str, Any], actions: torch.Tensor, action_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Supervised (imitation) loss on demo chunks ``actions [B, H, A]``; ``action_mask [B, H]`` marks real steps.
+
+        Raises:
+            NotImplementedError: for policies that cannot be pre-trained by imitation here.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no supervised loss")
+
+    def fit_normalization(self, states: torch.Tensor, actions: torch.Tensor) -> None:
+        """Set state / action normalization from demonstrations (``[N, S]``, ``[N, A]``). Default: none kept."""
+
     def reset(self) -> None:
         """Forget per-episode state (queued actions, caches). Default: nothing to forget."""
 

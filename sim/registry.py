@@ -78,4 +78,20 @@ def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **options: object) -
 def _unknown(env_id: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(env_id, valid, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return f"unknown env id {env_id!r}.{hint} Valid env ids: {', '.join(valid)}"
+    return f"unknown env id {env_id!r}.{hint} Valid env ids: {', '.join(summarize_ids(valid))}"
+
+
+def summarize_ids(ids: list[str]) -> list[str]:
+    """Collapse numbered ids into ranges: ``libero/libero_90/0 ... /89`` -> ``libero/libero_90/{0..89}``."""
+    groups: dict[str, list[int]] = {}
+    out: list[str] = []
+    for i in ids:
+        head, _, tail = i.rpartition("/")
+        if tail.isdigit():
+            if head not in groups:
+                groups[head] = []
+                out.append(head)
+            groups[head].append(int(tail))
+        else:
+            out.append(i)
+    return [f"{o}/{{{min(groups[o])}..{max(groups[o])}}}" if o in groups else o for o in out]

@@ -17,7 +17,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 def _load_commands() -> None:
     # Importing a command module registers it.
-    from vla_rl.commands import collect, rollout, train  # noqa: F401
+    from vla_rl.commands import collect, quickstart, rollout, train  # noqa: F401
 
 
 def preset_path(name: str) -> Path:
@@ -94,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> object:
     except (EnvError, FileNotFoundError, FileExistsError) as exc:
         print(f"vla-rl {name}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        hint = " The last checkpoint is kept; rerun the same command with --resume true to continue." if hasattr(
+            cfg, "resume") else ""
+        print(f"\nvla-rl {name}: interrupted.{hint}", flush=True)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""The quickstart pipeline at toy size: every stage runs, the report and its files exist, demos are reused."""
+
+from __future__ import annotations
+
+import json
+
+from vla_rl.cli import main
+
+TOY = [
+    "--env.num_envs", "2", "--env.image_size", "32", "--env.max_episode_steps", "16",
+    "--policy.width", "32", "--policy.heads", "2", "--policy.chunk_size", "4", "--policy.text_encoder", "hashed",
+    "--policy.cnn_channels", "[8,16]", "--policy.image_tokens", "2", "--policy.sampler.num_steps", "2",
+    "--sft.steps", "10", "--sft.episodes", "2", "--demos", "2", "--iterations", "2", "--eval_episodes", "4",
+    "--algo.decisions_per_iter", "2", "--algo.epochs", "1", "--algo.minibatch_size", "4", "--algo.critic_warmup_iters", "1",
+]
+
+
+def test_quickstart_toy_pipeline(tmp_path, capsys):
+    cache = tmp_path / "demo-cache"
+    run = tmp_path / "run"
+    summary = main(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(run)])
+    report = json.loads((run / "report.json").read_text())
+    assert report == json.loads(json.dumps(summary))
+    for key in ("success_before", "success_after", "success_before_ci", "success_after_ci",
+                "episodes_per_eval", "env_id", "wall_seconds"):
+        assert key in report, key
+    assert report["episodes_per_eval"] == 4 and report["env_id"] == "mujoco/multi"
+    assert 0 <= report["success_before"] <= 1 and report["success_before_ci"][0] <= report["success_before"]
+    assert (run / "report.md").read_text().startswith("# ")
+    assert {p.name for p in (run / "plots").glob("*.png")} >= {"success.png", "return.png", "losses.png"}
+    assert (run / "videos" / "before.mp4").stat().st_size > 0 and (run / "videos" / "after.mp4").stat().st_size > 0
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert list(run.glob("wandb/offline-run-*"))
+    assert (run / "checkpoints" / "iter_000002" / "policy" / "config.json").exists()
+    out = capsys.readouterr().out
+    assert "collecting 2 expert demos" in out and "report:" in out
+
+    # A second run reuses the cached demos.
+    main(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(tmp_path / "run2"), "--iterations", "1"])
+    assert "reusing cached demos" in capsys.readouterr().out
+
+
+def test_ctrl_c_during_rl_then_resume_finishes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", *TOY, "--iterations", "4",
+           "--demo_cache", str(tmp_path / "cache"), "--run_dir", str(run)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    target = run / "checkpoints" / "iter_000001" / "trainer.pt"
+    deadline = time.time() + 600
+    while not target.exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert target.exists(), p.communicate()[0]
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=120)[0]
+    assert p.returncode == 130 and "--resume true" in out, out
+    assert not (run / "report.json").exists()
+
+    p = subprocess.run([*cmd, "--resume", "true"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "resuming" in p.stdout and "reusing pre-trained policy" in p.stdout
+    report = json.loads((run / "report.json").read_text())
+    assert report["iterations"] == 4 and (run / "checkpoints" / "iter_000004").exists()
