@@ -27,6 +27,8 @@ from sim.core import OBS_STATE, EnvSpec
 ACTION = "action"
 REWARD = "next.reward"
 SUCCESS = "next.success"
+# PyAV ships its FFmpeg inside the wheel; torchcodec needs system FFmpeg libraries (absent on our machines).
+VIDEO_BACKEND = "pyav"
 
 
 def features_for(spec: EnvSpec, extra: dict[str, dict] | None = None) -> dict[str, dict]:
@@ -88,6 +90,7 @@ class EpisodeRecorder:
             root=self.partial,
             robot_type=robot_type,
             use_videos=False,
+            video_backend=VIDEO_BACKEND,
         )
 
     def add_frame(
@@ -146,4 +149,5 @@ def load_dataset(root: str | Path, repo_id: str = "local/dataset", **kwargs: Any
     root = Path(root)
     if not (root / "meta" / "info.json").exists():
         raise FileNotFoundError(f"{root} is not a LeRobotDataset (no meta/info.json); run `vla-rl collect` first")
+    kwargs.setdefault("video_backend", VIDEO_BACKEND)
     return LeRobotDataset(repo_id, root=root, **kwargs)

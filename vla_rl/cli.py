@@ -58,6 +58,11 @@ def parse_config(config_class: type, args: Sequence[str]) -> object:
             raise SystemExit("vla-rl: --preset needs a name")
         config_path = str(preset_path(args[i + 1]))
         del args[i : i + 2]
+    if "--config_path" in args:
+        i = args.index("--config_path")
+        config_path = args[i + 1] if i + 1 < len(args) else None
+        del args[i : i + 2]
+    args = _with_choice_types(config_class, args, config_path)
     try:
         return draccus.parse(config_class, config_path=config_path, args=args)
     except draccus.utils.DecodingError as exc:
@@ -66,6 +71,33 @@ def parse_config(config_class: type, args: Sequence[str]) -> object:
     except (ValueError, TypeError) as exc:  # validation in __post_init__
         print(f"vla-rl: invalid config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _with_choice_types(config_class: type, args: list[str], config_path: str | None) -> list[str]:
+    """Add ``--X.type`` for choice fields (``--policy.width 64`` alone means the preset's or the default type).
+
+    draccus only knows a choice's fields once its type is named on the command line.
+    """
+    import dataclasses
+
+    import draccus
+    import yaml
+
+    preset = yaml.safe_load(Path(config_path).read_text()) if config_path else {}
+    hints = __import__("typing").get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
+        typ = hints.get(f.name)
+        if not (isinstance(typ, type) and issubclass(typ, draccus.ChoiceRegistry)):
+            continue
+        flag = f"--{f.name}.type"
+        if flag in args or not any(a.startswith(f"--{f.name}.") for a in args):
+            continue
+        section = (preset or {}).get(f.name) or {}
+        default = section.get("type") if isinstance(section, dict) else None
+        if default is None and f.default_factory is not dataclasses.MISSING:
+            default = typ.get_choice_name(type(f.default_factory()))
+        args = [flag, default or typ.default_choice_name(), *args]
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> object:

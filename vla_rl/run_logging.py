@@ -99,9 +99,9 @@ def _wandb_id(run_dir: Path) -> str:
     id_file = run_dir / ".wandb_id"
     if id_file.exists():
         return id_file.read_text().strip()
-    import wandb
+    import secrets
 
-    run_id = wandb.util.generate_id()
+    run_id = secrets.token_hex(4)
     id_file.write_text(run_id)
     return run_id
 

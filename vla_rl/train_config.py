@@ -38,7 +38,8 @@ def _choice_configs() -> dict[str, type]:
             continue
         ns = {"__annotations__": {"path": str}, "path": "", "__doc__": entry.config.__doc__,
               "__module__": __name__}
-        choice = dataclass(type(f"{entry.config.__name__}Choice", (entry.config, PolicyConfig), ns))
+        frozen = entry.config.__dataclass_params__.frozen  # type: ignore[attr-defined]
+        choice = dataclass(frozen=frozen)(type(f"{entry.config.__name__}Choice", (entry.config, PolicyConfig), ns))
         PolicyConfig.register_subclass(entry.name, choice)
         out[entry.name] = choice
     return out

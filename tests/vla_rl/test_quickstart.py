@@ -7,7 +7,7 @@ import json
 from vla_rl.cli import main
 
 TOY = [
-    "--env.num_envs", "2", "--env.image_size", "32", "--env.max_episode_steps", "16",
+    "--env.num_envs", "2", "--env.image_size", "32",
     "--policy.width", "32", "--policy.heads", "2", "--policy.chunk_size", "4", "--policy.text_encoder", "hashed",
     "--policy.cnn_channels", "[8,16]", "--policy.image_tokens", "2", "--policy.sampler.num_steps", "2",
     "--sft.steps", "10", "--sft.episodes", "2", "--demos", "2", "--iterations", "2", "--eval_episodes", "4",
