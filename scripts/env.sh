@@ -92,7 +92,7 @@ fi
 
 # LIBERO: config and assets offline.
 if [ -z "${LIBERO_CONFIG_PATH:-}" ]; then
-  LIBERO_CONFIG_PATH="$("$VLA_RL_VENV/bin/python" "$VLA_RL_ROOT/scripts/libero_config.py" "$VLA_RL_HOME/libero" | tail -n1)" \
+  LIBERO_CONFIG_PATH="$("$VLA_RL_VENV/bin/python" "$VLA_RL_ROOT/scripts/libero_config.py" "$VLA_RL_HOME/libero" | tail -n1 | sed 's/^export LIBERO_CONFIG_PATH=//')" \
     || { _log "could not write the LIBERO config; LIBERO envs will not start"; LIBERO_CONFIG_PATH=""; }
   export LIBERO_CONFIG_PATH
 fi
