@@ -1,0 +1,162 @@
+"""Building blocks of the compact flow VLA: image encoder, prefix encoder, action expert.
+
+Layout (pi0 at small scale): a prefix of image tokens (one small CNN per
+camera, pooled to a grid of tokens) and one instruction token goes through a
+small transformer encoder once per observation; the action expert is a small
+transformer over ``[state token, H action tokens]`` (each action token fuses the
+noisy action with a sinusoidal embedding of the flow time t) that
+cross-attends to the prefix, and a linear head maps its output to the velocity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+
+
+def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> Tensor:
+    """Sine-cosine embedding ``[B] -> [B, dim]`` of flow times in ``[0, 1]`` (periods as in pi0).
+
+    Raises:
+        ValueError: if ``dim`` is odd or ``t`` is not 1-D.
+    """
+    if dim % 2:
+        raise ValueError(f"time embedding dim must be even, got {dim}")
+    if t.ndim != 1:
+        raise ValueError(f"t must be [B], got {list(t.shape)}")
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = t.float()[:, None] * (2.0 * math.pi / period)[None, :]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+
+
+class ImageEncoder(nn.Module):
+    """Small CNN ``uint8 [B, H, W, 3] -> [B, T*T, width]`` tokens for one camera.
+
+    Args:
+        channels: conv channels, each conv has stride 2.
+        grid: the feature map is average-pooled to ``grid x grid`` tokens.
+        width: token width.
+    """
+
+    def __init__(self, channels: tuple[int, ...], grid: int, width: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = 3
+        for i, c in enumerate(channels):
+            k = 5 if i == 0 else 3
+            layers += [nn.Conv2d(c_in, c, k, stride=2, padding=k // 2), nn.GroupNorm(min(8, c), c), nn.SiLU()]
+            c_in = c
+        self.conv = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(grid)
+        self.proj = nn.Linear(c_in, width)
+        self.pos = nn.Parameter(torch.randn(grid * grid, width) * 0.02)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Encode ``uint8 [B, H, W, 3]`` RGB images to ``[B, grid^2, width]``."""
+        x = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        x = self.pool(self.conv(x)).flatten(2).transpose(1, 2)
+        return self.proj(x) + self.pos
+
+
+class ActionExpert(nn.Module):
+    """The flow-matching action expert: ``(state, x_t, t, prefix) -> (velocity, features)``.
+
+    Args:
+        state_dim: S.
+        action_dim: A.
+        horizon: H.
+        width: token width.
+        heads: attention heads.
+        layers: transformer decoder layers.
+    """
+
+    def __init__(self, state_dim: int, action_dim: int, horizon: int, width: int, heads: int, layers: int) -> None:
+        super().__init__()
+        self.width = width
+        self.state_proj = nn.Linear(state_dim, width)
+        self.action_in = nn.Linear(action_dim, width)
+        self.action_time_mlp = nn.Sequential(nn.Linear(2 * width, width), nn.SiLU(), nn.Linear(width, width))
+        self.pos = nn.Parameter(torch.randn(horizon + 1, width) * 0.02)
+        layer = nn.TransformerDecoderLayer(
+            width, heads, dim_feedforward=4 * width, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.decoder = nn.TransformerDecoder(layer, layers, norm=nn.LayerNorm(width))
+        self.action_out = nn.Linear(width, action_dim)
+
+    def forward(self, state: Tensor, x_t: Tensor, t: Tensor, prefix: Tensor) -> tuple[Tensor, Tensor]:
+        """One expert pass.
+
+        Args:
+            state: ``[B, S]`` normalized state.
+            x_t: ``[B, H, A]`` noisy actions.
+            t: ``[B]`` flow times.
+            prefix: ``[B, N, width]`` encoded prefix tokens.
+
+        Returns:
+            ``(velocity [B, H, A], features [B, H, width])``.
+        """
+        act = self.action_in(x_t)
+        time = sinusoidal_time_embedding(t, self.width)[:, None, :].expand_as(act)
+        act = self.action_time_mlp(torch.cat([act, time], dim=-1))
+        tokens = torch.cat([self.state_proj(state)[:, None, :], act], dim=1) + self.pos
+        out = self.decoder(tokens, prefix)
+        features = out[:, 1:]
+        return self.action_out(features), features
+
+
+class PrefixEncoder(nn.Module):
+    """Images + instruction embedding ``-> [B, N, width]`` prefix tokens.
+
+    Args:
+        num_cameras: number of cameras (one CNN each).
+        channels, grid: CNN settings (see :class:`ImageEncoder`).
+        text_dim: width of the instruction embedding.
+        width, heads, layers: the prefix transformer.
+    """
+
+    def __init__(
+        self, num_cameras: int, channels: tuple[int, ...], grid: int, text_dim: int, width: int, heads: int,
+        layers: int,
+    ) -> None:
+        super().__init__()
+        self.cameras = nn.ModuleList(ImageEncoder(channels, grid, width) for _ in range(num_cameras))
+        self.camera_embed = nn.Parameter(torch.randn(num_cameras + 1, width) * 0.02)
+        self.text_proj = nn.Linear(text_dim, width)
+        self.encoder: nn.Module
+        if layers > 0:
+            layer = nn.TransformerEncoderLayer(
+                width, heads, dim_feedforward=4 * width, dropout=0.0, activation="gelu", batch_first=True,
+                norm_first=True,
+            )
+            self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(width), enable_nested_tensor=False)
+        else:
+            self.encoder = nn.LayerNorm(width)
+
+    def forward(self, images: list[Tensor], text: Tensor) -> Tensor:
+        """Encode per-camera ``uint8 [B, H, W, 3]`` images and ``text [B, text_dim]`` to ``[B, N, width]``."""
+        pairs = enumerate(zip(self.cameras, images, strict=True))
+        tokens = [enc(img) + self.camera_embed[i] for i, (enc, img) in pairs]
+        tokens.append((self.text_proj(text) + self.camera_embed[-1])[:, None, :])
+        return self.encoder(torch.cat(tokens, dim=1))
+
+
+def flow_matching_loss(velocity: Tensor, noise: Tensor, actions: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The conditional flow-matching loss ``mean |v - (noise - actions)|^2``.
+
+    Args:
+        velocity: ``[B, H, A]`` predicted velocity at ``x_t = t noise + (1 - t) actions``.
+        noise, actions: ``[B, H, A]``.
+        mask: optional ``[B, H]`` bool of valid action steps (padding excluded).
+
+    Returns:
+        Scalar loss.
+    """
+    err = F.mse_loss(velocity, noise - actions, reduction="none").mean(-1)
+    if mask is None:
+        return err.mean()
+    m = mask.to(err.dtype)
+    return (err * m).sum() / m.sum().clamp_min(1.0)

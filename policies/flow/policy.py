@@ -1,0 +1,242 @@
+"""``FlowPolicy``: the RL interface (act / evaluate / value) shared by every flow VLA.
+
+A subclass owns its model and implements :meth:`FlowPolicy.encode`: validate
+and encode an observation batch once (image + language prefix, KV cache...) and
+return a :class:`FlowContext` whose velocity function runs one action-expert
+pass. Everything RL-specific (samplers, log-probs at the configured level,
+value head placement, Flow-Noise net) lives here, identical for the compact
+policy and the LeRobot adapters.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from policies.base import ActMode, ActOutput, LogProbLevel, Policy, reduce_logp
+from policies.flow.sampler import (
+    NoiseNet,
+    SamplerConfig,
+    SamplerKind,
+    VelocityFn,
+    chain_log_prob,
+    sample_chain,
+)
+from policies.flow.value import ValueHead, ValuePlacement, masked_mean
+
+
+@dataclass
+class FlowContext:
+    """An encoded observation batch.
+
+    Attributes:
+        velocity: the velocity function for these observations.
+        batch_size: B.
+        prefix_features: ``[B, N, D_prefix]`` prefix (image + language) features, or None.
+        prefix_mask: ``[B, N]`` bool, valid prefix tokens (None: all valid).
+    """
+
+    velocity: VelocityFn
+    batch_size: int
+    prefix_features: Tensor | None = None
+    prefix_mask: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class FlowHeadDims:
+    """Sizes the shared heads need from the model.
+
+    Attributes:
+        expert_dim: D of the action-expert features.
+        prefix_dim: D of the prefix features.
+        model_action_dim: action dims the model denoises (may include padding).
+        action_dim: the env's action dims A (the first A model dims).
+        horizon: H, the chunk length the model denoises.
+        value_hidden: hidden width of the value head.
+        noise_hidden: hidden width of the Flow-Noise net.
+    """
+
+    expert_dim: int
+    prefix_dim: int
+    model_action_dim: int
+    action_dim: int
+    horizon: int
+    value_hidden: int = 128
+    noise_hidden: int = 128
+
+
+class FlowPolicy(Policy):
+    """Base class of flow-matching policies (see module doc).
+
+    Args:
+        sampler: sampler settings for ``act(mode=EXPLORE)``.
+        logp_level: granularity of returned log-probs.
+        value_placement: where the critic reads its features.
+        dims: model sizes for the shared heads.
+    """
+
+    def __init__(
+        self,
+        sampler: SamplerConfig,
+        logp_level: LogProbLevel,
+        value_placement: ValuePlacement,
+        dims: FlowHeadDims,
+    ) -> None:
+        super().__init__()
+        if dims.action_dim > dims.model_action_dim:
+            raise ValueError(f"action_dim {dims.action_dim} exceeds the model's {dims.model_action_dim} action dims")
+        self.dims = dims
+        self.logp_level = LogProbLevel(logp_level)
+        self.value_placement = ValuePlacement(value_placement)
+        self.sampler = sampler
+        self.noise_net: NoiseNet | None = None
+        self.value_head: ValueHead | None = None
+        if self.value_placement is not ValuePlacement.NONE:
+            feat = dims.expert_dim if self.value_placement is ValuePlacement.EXPERT else dims.prefix_dim
+            self.value_head = ValueHead(feat, dims.value_hidden)
+        mask = torch.zeros(dims.model_action_dim)
+        mask[: dims.action_dim] = 1.0
+        self.register_buffer("action_dim_mask", mask, persistent=False)
+        self.configure_sampler(sampler)
+
+    # -- to implement -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def encode(self, obs: dict[str, Any]) -> FlowContext:
+        """Validate ``obs`` (raising errors that name expected keys and shapes) and encode it."""
+
+    @abc.abstractmethod
+    def actions_to_env(self, actions: Tensor) -> Tensor:
+        """Map model-space actions ``[B, H, A]`` (first A dims) to the env's action space."""
+
+    # -- shared -------------------------------------------------------------------------------
+    @property
+    def chunk_size(self) -> int:
+        """H, the number of actions one ``act`` call returns per env."""
+        return self.dims.horizon
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the policy's parameters."""
+        return next(self.parameters()).device
+
+    def configure_sampler(self, sampler: SamplerConfig, build_noise_net: bool = False) -> None:
+        """Switch the exploration sampler.
+
+        The Flow-Noise std net is built on first use of ``FLOW_NOISE`` (or when
+        ``build_noise_net``, e.g. to load a checkpoint that has one) and kept afterwards;
+        its std bounds follow ``sampler``. Build the policy with the sampler you train
+        with, so that an optimizer created afterwards sees the noise net's parameters.
+        """
+        self.sampler = replace(sampler)
+        if (build_noise_net or self.sampler.kind is SamplerKind.FLOW_NOISE) and self.noise_net is None:
+            d = self.dims
+            self.noise_net = NoiseNet(
+                d.expert_dim, d.model_action_dim, d.noise_hidden, self.sampler.noise_min_std, self.sampler.noise_max_std
+            )
+            ref = next((p for p in self.parameters() if p is not None), None)
+            if ref is not None:
+                self.noise_net.to(ref.device)
+        if self.noise_net is not None:
+            self.noise_net.set_bounds(self.sampler.noise_min_std, self.sampler.noise_max_std)
+
+    def _noise(self, batch: int, generator: torch.Generator | None) -> Tensor:
+        shape = (batch, self.dims.horizon, self.dims.model_action_dim)
+        return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+
+    def _value(self, ctx: FlowContext) -> Tensor | None:
+        if self.value_head is None:
+            return None
+        if self.value_placement is ValuePlacement.PREFIX:
+            if ctx.prefix_features is None:
+                raise ValueError(f"{type(self).__name__}: value placement 'prefix' needs prefix features")
+            return self.value_head(masked_mean(ctx.prefix_features, ctx.prefix_mask))
+        x = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
+        t = torch.ones(ctx.batch_size, device=self.device)
+        features = ctx.velocity(x, t).features
+        if features is None:
+            raise ValueError(f"{type(self).__name__}: value placement 'expert' needs action-expert features")
+        return self.value_head(features.float().mean(1))
+
+    def _reduce(self, elementwise: Tensor) -> Tensor:
+        return reduce_logp(elementwise[..., : self.dims.action_dim], self.logp_level)
+
+    def act(
+        self,
+        obs: dict[str, Any],
+        mode: ActMode = ActMode.EXPLORE,
+        generator: torch.Generator | None = None,
+        noise: Tensor | None = None,
+    ) -> ActOutput:
+        """Sample an action chunk.
+
+        ``EVAL`` runs the pure ODE (logp zeros, no extras); ``EXPLORE`` runs the
+        configured sampler and returns extras that :meth:`evaluate` re-scores.
+
+        Args:
+            obs: observation batch (see :mod:`policies.io`).
+            mode: ``ActMode.EVAL`` or ``ActMode.EXPLORE``.
+            generator: optional RNG for the initial noise and the sampler.
+            noise: optional initial sample ``x_1 [B, H, A_model]`` (default: drawn from
+                ``N(0, I)``); lets a caller steer a frozen policy through its noise
+                (latent-noise RL) or compare against a reference sampler.
+
+        Returns:
+            ``ActOutput(actions [B, H, A] env space, logp at logp_level, value [B] or None, extras)``.
+        """
+        mode = ActMode(mode)
+        kind = SamplerKind.ODE if mode is ActMode.EVAL else self.sampler.kind
+        with torch.no_grad():
+            ctx = self.encode(obs)
+            if noise is None:
+                noise = self._noise(ctx.batch_size, generator)
+            want = (ctx.batch_size, self.dims.horizon, self.dims.model_action_dim)
+            if tuple(noise.shape) != want:
+                raise ValueError(f"noise must be [B, H, A_model] = {list(want)}, got {list(noise.shape)}")
+            sample = sample_chain(
+                ctx.velocity,
+                noise.to(self.device, torch.float32),
+                self.sampler,
+                kind,
+                noise_net=self.noise_net,
+                dim_mask=self.action_dim_mask,
+                generator=generator,
+            )
+            value = self._value(ctx)
+            actions = self.actions_to_env(sample.actions[..., : self.dims.action_dim])
+        return ActOutput(actions=actions, logp=self._reduce(sample.logp), value=value, extras=sample.extras)
+
+    def evaluate(
+        self, obs: dict[str, Any], extras: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Differentiably re-score the chain recorded in ``extras`` by :meth:`act`.
+
+        Returns:
+            ``(logp, entropy, value)``: logp and entropy at ``logp_level``, value ``[B]`` or None.
+
+        Raises:
+            KeyError: naming missing extras keys; ValueError for a mismatched chain.
+        """
+        ctx = self.encode(obs)
+        if self.sampler.kind is SamplerKind.ODE:
+            zeros = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
+            return self._reduce(zeros), self._reduce(zeros), self._value(ctx)
+        extras = {k: v.to(self.device) for k, v in extras.items()}
+        logp, entropy = chain_log_prob(
+            ctx.velocity, extras, self.sampler, self.sampler.kind, noise_net=self.noise_net,
+            dim_mask=self.action_dim_mask,
+        )
+        return self._reduce(logp), self._reduce(entropy), self._value(ctx)
+
+    def value(self, obs: dict[str, Any]) -> Tensor:
+        """Critic estimate ``[B]``.
+
+        Raises:
+            NotImplementedError: if the policy was built with ``value_placement='none'``.
+        """
+        if self.value_head is None:
+            raise NotImplementedError(f"{type(self).__name__} was built without a value head (value_placement=none)")
+        return self._value(self.encode(obs))

@@ -1,0 +1,56 @@
+"""Critic heads for flow policies and where they read their features.
+
+pi_RL places the critic on the action-expert output (pi0: mean over action
+tokens) or on the VLM prefix (pi0.5: mean over image + language tokens). The
+expert's output depends on the noisy input, so the expert placement reads it at
+a fixed input, ``x = 0`` (the noise mean) and ``t = 1``, which makes
+``value(obs)`` a function of the observation alone and lets ``act``,
+``evaluate`` and ``value`` agree exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+from torch import Tensor, nn
+
+
+class ValuePlacement(str, enum.Enum):
+    """Which features the value head reads."""
+
+    NONE = "none"
+    """No critic (GRPO-style, critic-free)."""
+    EXPERT = "expert"
+    """Mean over action tokens of the action-expert output at ``x = 0, t = 1`` (pi0)."""
+    PREFIX = "prefix"
+    """Masked mean over the prefix (image + language) features (pi0.5)."""
+
+
+class ValueHead(nn.Module):
+    """A two-layer MLP ``[B, D] -> [B]`` on pooled features.
+
+    Args:
+        feature_dim: D.
+        hidden_dim: width of the hidden layer.
+    """
+
+    def __init__(self, feature_dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.LayerNorm(feature_dim), nn.Linear(feature_dim, hidden_dim), nn.SiLU(), nn.Linear(hidden_dim, 1)
+        )
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        """``pooled [B, D] -> value [B]`` (float32)."""
+        if pooled.ndim != 2:
+            raise ValueError(f"value head expects pooled features [B, D], got {list(pooled.shape)}")
+        return self.net(pooled.float()).squeeze(-1)
+
+
+def masked_mean(features: Tensor, mask: Tensor | None) -> Tensor:
+    """Mean of ``features [B, N, D]`` over tokens where ``mask [B, N]`` is true (all if None)."""
+    if mask is None:
+        return features.float().mean(1)
+    m = mask.to(torch.float32).unsqueeze(-1)
+    return (features.float() * m).sum(1) / m.sum(1).clamp_min(1.0)

@@ -1,0 +1,203 @@
+"""Shared input/output helpers for policies: observation checks and checkpoint files.
+
+Observation keys mirror LeRobot's (and :mod:`sim.core`'s; ``policies`` does not
+import ``sim``): ``observation.images.<camera>`` ``uint8 [B, H, W, 3]``,
+``observation.state`` ``float32 [B, S]``, ``task`` a list of B strings.
+
+A checkpoint folder holds ``config.json`` (the policy config plus ``"type"``,
+the :data:`policies.registry.POLICIES` name) and ``model.safetensors``; it is
+written to a temporary sibling folder and renamed into place, so a crash never
+leaves a half-written checkpoint. :func:`load_policy` reads ``"type"`` and
+dispatches through the registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import draccus
+import torch
+from safetensors.torch import load_file, save_file
+
+OBS_IMAGE_PREFIX = "observation.images."
+OBS_STATE = "observation.state"
+TASK = "task"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+C = TypeVar("C")
+
+
+class ObservationError(ValueError):
+    """An observation batch that does not match what the policy was built for."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is missing files or holds another policy type."""
+
+
+def image_key(camera: str) -> str:
+    """The observation key of camera ``camera``."""
+    return OBS_IMAGE_PREFIX + camera
+
+
+def check_observation(
+    obs: dict[str, Any],
+    cameras: Sequence[str],
+    image_size: tuple[int, int] | None,
+    state_dim: int,
+    policy: str,
+) -> int:
+    """Validate an observation batch and return its batch size B.
+
+    Args:
+        obs: the observation dict.
+        cameras: camera names the policy expects (keys ``observation.images.<cam>``).
+        image_size: expected ``(H, W)``, or None to accept any size.
+        state_dim: expected S of ``observation.state``.
+        policy: name used in error messages.
+
+    Raises:
+        ObservationError: naming the missing keys, the expected keys, and the
+            expected vs given shapes / dtypes.
+    """
+    expected = [image_key(c) for c in cameras] + [OBS_STATE, TASK]
+    missing = [k for k in expected if k not in obs]
+    if missing:
+        raise ObservationError(
+            f"{policy}: observation lacks key(s) {missing}; expected keys {expected} "
+            f"(got {sorted(obs)}). Configure the policy's cameras to match the env's."
+        )
+    state = obs[OBS_STATE]
+    if not isinstance(state, torch.Tensor) or state.ndim != 2 or state.shape[1] != state_dim:
+        got = list(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
+        raise ObservationError(f"{policy}: {OBS_STATE} must be float [B, {state_dim}], got {got}")
+    b = state.shape[0]
+    tasks = obs[TASK]
+    if isinstance(tasks, str) or len(tasks) != b:
+        raise ObservationError(f"{policy}: {TASK} must be a list of {b} strings (one per env), got {tasks!r:.80}")
+    for cam in cameras:
+        key = image_key(cam)
+        img = obs[key]
+        h, w = image_size if image_size is not None else (None, None)
+        shape_ok = isinstance(img, torch.Tensor) and img.ndim == 4 and img.shape[0] == b and img.shape[3] == 3
+        if shape_ok and image_size is not None:
+            shape_ok = tuple(img.shape[1:3]) == (h, w)
+        if not shape_ok:
+            got = list(img.shape) if isinstance(img, torch.Tensor) else type(img).__name__
+            want = f"[{b}, {h if h else 'H'}, {w if w else 'W'}, 3]"
+            raise ObservationError(f"{policy}: {key} must be uint8 {want} (B, H, W, RGB), got {got}")
+        if img.dtype != torch.uint8:
+            raise ObservationError(f"{policy}: {key} must have dtype uint8 (0-255 RGB), got {img.dtype}")
+    return b
+
+
+def config_to_dict(config: Any, type_name: str) -> dict[str, Any]:
+    """Encode a config dataclass as a JSON-ready dict with ``"type": type_name`` first."""
+    encoded = json.loads(json.dumps(draccus.encode(config)))
+    return {"type": type_name, **encoded}
+
+
+def config_from_dict(cls: type[C], data: dict[str, Any], type_name: str, where: str) -> C:
+    """Decode ``data`` (as written by :func:`config_to_dict`) into ``cls``.
+
+    Raises:
+        CheckpointError: if ``data["type"]`` is not ``type_name`` or a key is unknown.
+    """
+    data = dict(data)
+    found = data.pop("type", None)
+    if found != type_name:
+        raise CheckpointError(f"{where}: config type is {found!r}, expected {type_name!r}")
+    try:
+        return draccus.decode(cls, data)
+    except Exception as e:  # draccus raises its own DecodingError subclasses
+        raise CheckpointError(f"{where}: cannot decode {cls.__name__}: {e}") from e
+
+
+@contextlib.contextmanager
+def atomic_directory(directory: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder that replaces ``directory`` when the block succeeds.
+
+    An existing ``directory`` is moved aside first and deleted after the swap; if
+    the block raises, the temporary folder is removed and ``directory`` is untouched.
+    """
+    target = Path(directory).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        old = None
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` (detached, contiguous, on CPU) to a safetensors file."""
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+
+
+def write_checkpoint(directory: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
+    """Atomically write ``config.json`` + ``model.safetensors`` to ``directory`` (see :func:`atomic_directory`).
+
+    Returns:
+        The checkpoint folder path.
+    """
+    with atomic_directory(directory) as tmp:
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        save_tensors(tmp / WEIGHTS_FILE, tensors)
+    return Path(directory).resolve()
+
+
+def read_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read ``(config dict, tensors)`` from a folder written by :func:`write_checkpoint`.
+
+    Raises:
+        CheckpointError: naming the folder and the missing file.
+    """
+    folder = Path(directory)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise CheckpointError(f"{folder}: no {name}; is this a vla-rl policy checkpoint folder?")
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    return config, load_file(str(folder / WEIGHTS_FILE))
+
+
+def checkpoint_type(directory: str | Path) -> str:
+    """The registry name stored under ``"type"`` in ``directory/config.json``.
+
+    Raises:
+        CheckpointError: if the file or the key is missing.
+    """
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no {CONFIG_FILE}; is this a vla-rl policy checkpoint folder?")
+    kind = json.loads(path.read_text()).get("type")
+    if not isinstance(kind, str):
+        raise CheckpointError(f"{path}: missing the string key 'type' (the policy registry name)")
+    return kind
+
+
+def load_policy(directory: str | Path, **overrides: Any) -> Any:
+    """Load any registered policy from its checkpoint folder (dispatch on ``config.json["type"]``).
+
+    Raises:
+        CheckpointError: for a folder without a config; RegistryError for an unknown type.
+    """
+    import policies  # noqa: F401  (registers every policy module)
+    from policies.registry import POLICIES
+
+    return POLICIES.get(checkpoint_type(directory)).obj.from_pretrained(directory, **overrides)

@@ -1,0 +1,1 @@
+"""Scripted experts that act from privileged simulator state (demonstrations, baselines, tests)."""

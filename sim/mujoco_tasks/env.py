@@ -1,0 +1,318 @@
+"""One tabletop env: :class:`sim.single.SingleEnv` over the scene, task family and controller.
+
+Observations (no batch dim):
+
+- ``observation.images.front`` (and ``.wrist`` when enabled): ``uint8 [H, W, 3]``;
+- ``observation.state``: ``float32 [11]`` = pinch point xyz (m, robot base
+  frame = world frame, table top at z = 0), gripper opening (1 open, 0
+  closed), the seven arm joint angles (rad);
+- ``observation.env_state``: ``float32 [13]`` (privileged) = red, green, blue
+  cube centres (3 x xyz), pad centre xyz, task index into
+  :data:`sim.mujoco_tasks.tasks.TASKS`.
+
+Actions ``float32 [4]`` in ``[-1, 1]``: pinch-point displacement ``dx, dy, dz``
+(times ``max_step`` metres per step) and the gripper command (-1 open, +1
+closed). See :mod:`sim.mujoco_tasks.control`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+import torch
+
+from sim.core import OBS_ENV_STATE, OBS_STATE, EnvError, EnvSpec, TensorSpec, image_key
+from sim.mujoco_tasks.control import HOME_POS, EEController
+from sim.mujoco_tasks.expert import ScriptedExpert
+from sim.mujoco_tasks.gl import close_at_exit
+from sim.mujoco_tasks.scene import GRIPPER_DRIVER_MAX, RENDER_FLAGS, SceneIds, build_model
+from sim.mujoco_tasks.tasks import (
+    CUBE_HALF,
+    MULTI,
+    MULTI_MAX_EPISODE_STEPS,
+    REWARD_MODES,
+    TASK_INDEX,
+    TASKS,
+    Task,
+    TaskState,
+    is_success,
+    potentials,
+    reward_terms,
+)
+from sim.single import SingleEnv, StepOut
+
+STATE_DIM = 11
+ENV_STATE_DIM = 13
+# Cube and pad centres are drawn in this xy box (m), at least these distances apart.
+SPAWN_LOW = np.array([0.36, -0.17])
+SPAWN_HIGH = np.array([0.58, 0.17])
+MIN_CUBE_GAP = 0.075
+MIN_PAD_GAP = 0.11
+PUSH_CLEARANCE = 0.085  # push tasks: other cubes stay this far from the push path
+MAX_CUBE_YAW = 0.4  # rad, cubes are rotated about z by up to this much
+HOME_JITTER = 0.02  # m, the arm starts within this box around HOME_POS
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Everything one env needs, picklable (it travels to worker processes).
+
+    Attributes:
+        env_id: the full id, e.g. ``mujoco/pick-red``.
+        task: task name or ``multi``.
+        multi_tasks: ``multi``: the task names to draw from (empty: all).
+        obs_mode: ``rgb`` or ``state``.
+        image_size: camera height and width in pixels.
+        wrist_camera: also render the wrist camera.
+        max_episode_steps: steps before truncation (0: the task's default).
+        control_freq: control steps per simulated second.
+        max_step: metres the pinch target moves per step at action 1.
+        reward_mode: ``potential``, ``absolute`` or ``sparse`` (see tasks.py).
+        terminate_on_success: end the episode on the first success step.
+    """
+
+    env_id: str
+    task: str
+    multi_tasks: tuple[str, ...] = ()
+    obs_mode: str = "rgb"
+    image_size: int = 64
+    wrist_camera: bool = False
+    max_episode_steps: int = 0
+    control_freq: float = 10.0
+    max_step: float = 0.04
+    reward_mode: str = "potential"
+    terminate_on_success: bool = True
+
+
+class TabletopEnv(SingleEnv):
+    """A MuJoCo tabletop env implementing the :class:`sim.single.SingleEnv` protocol.
+
+    The renderer is created lazily on the first rendered observation, so an
+    env built in a parent process and never stepped there holds no GL context.
+
+    Raises:
+        EnvError: for an unknown task, reward mode or a control frequency the
+            physics timestep does not divide.
+    """
+
+    def __init__(self, cfg: EnvConfig) -> None:
+        self.cfg = cfg
+        if cfg.reward_mode not in REWARD_MODES:
+            raise EnvError(f"{cfg.env_id}: reward_mode must be one of {REWARD_MODES}, got {cfg.reward_mode!r}")
+        if cfg.task == MULTI:
+            names = cfg.multi_tasks or tuple(t.name for t in TASKS)
+            bad = [n for n in names if n not in TASK_INDEX]
+            if bad:
+                raise EnvError(f"{cfg.env_id}: unknown multi_tasks {bad}; valid: {sorted(TASK_INDEX)}")
+            self._choices = [TASKS[TASK_INDEX[n]] for n in names]
+            default_steps = (
+                max(t.max_episode_steps for t in self._choices) if cfg.multi_tasks else MULTI_MAX_EPISODE_STEPS
+            )
+        elif cfg.task in TASK_INDEX:
+            self._choices = [TASKS[TASK_INDEX[cfg.task]]]
+            default_steps = self._choices[0].max_episode_steps
+        else:
+            raise EnvError(f"{cfg.env_id}: unknown task {cfg.task!r}; valid: {sorted(TASK_INDEX)} and {MULTI!r}")
+        self.model = build_model(cfg.image_size)
+        self.data = mujoco.MjData(self.model)
+        self.ids = SceneIds.of(self.model)
+        n_sub = round(1.0 / (cfg.control_freq * self.model.opt.timestep))
+        if n_sub < 1 or abs(n_sub * cfg.control_freq * self.model.opt.timestep - 1.0) > 1e-6:
+            raise EnvError(
+                f"{cfg.env_id}: control_freq={cfg.control_freq} Hz must divide the physics rate "
+                f"{1.0 / self.model.opt.timestep:.0f} Hz (e.g. 10 or 20)"
+            )
+        self.n_substeps = n_sub
+        self.controller = EEController(self.model, self.ids, max_step=cfg.max_step, max_lead=1.5 * cfg.max_step)
+        self.expert = ScriptedExpert(cfg.max_step)
+        self.max_episode_steps = cfg.max_episode_steps or default_steps
+        self.cameras: tuple[str, ...] = ()
+        if cfg.obs_mode == "rgb":
+            self.cameras = ("front", "wrist") if cfg.wrist_camera else ("front",)
+        self._camera_ids = {"front": self.ids.front_camera, "wrist": self.ids.wrist_camera}
+        size = cfg.image_size
+        obs_spec = {image_key(c): TensorSpec((size, size, 3), torch.uint8, 0, 255) for c in self.cameras}
+        obs_spec[OBS_STATE] = TensorSpec((STATE_DIM,), torch.float32)
+        obs_spec[OBS_ENV_STATE] = TensorSpec((ENV_STATE_DIM,), torch.float32)
+        self.spec = EnvSpec(
+            env_id=cfg.env_id,
+            observation=obs_spec,
+            action=TensorSpec((4,), torch.float32, -1.0, 1.0),
+            max_episode_steps=self.max_episode_steps,
+            control_freq=cfg.control_freq,
+            cameras=self.cameras,
+        )
+        self._renderer: mujoco.Renderer | None = None
+        self._scene_option = mujoco.MjvOption()
+        for flag, value in RENDER_FLAGS:
+            self._scene_option.flags[flag] = value
+        self._rng = np.random.default_rng()
+        self.task: Task = self._choices[0]
+        self._elapsed = 0
+        self._phi: dict[str, float] = {}
+        self._state: TaskState | None = None
+
+    # ------------------------------------------------------------------ episode
+
+    def reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], str]:
+        """Start an episode: draw the task (``multi``), the cube/pad layout and the arm start."""
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        rng = self._rng
+        self.task = self._choices[int(rng.integers(len(self._choices)))] if len(self._choices) > 1 else self._choices[0]
+        m, d, ids = self.model, self.data, self.ids
+        mujoco.mj_resetData(m, d)
+        cubes_xy, pad_xy = sample_layout(rng, self.task)
+        for i in range(3):
+            yaw = rng.uniform(-MAX_CUBE_YAW, MAX_CUBE_YAW)
+            adr = ids.cube_qpos[i]
+            d.qpos[adr : adr + 3] = (*cubes_xy[i], CUBE_HALF)
+            d.qpos[adr + 3 : adr + 7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
+        d.mocap_pos[ids.pad_mocap] = (*pad_xy, 0.0)
+        home = HOME_POS + rng.uniform(-HOME_JITTER, HOME_JITTER, size=3)
+        self.controller.reset(d, home)
+        mujoco.mj_forward(m, d)
+        self.expert.reset()
+        self._elapsed = 0
+        self._state = self.read_state()
+        self._phi = potentials(self.task, self._state)
+        return self._observe(), self.task.instruction
+
+    def step(self, action: np.ndarray) -> StepOut:
+        """Apply ``action [4]`` for one control step (``n_substeps`` physics steps).
+
+        Raises:
+            EnvError: before the first reset, or for a non-finite action.
+        """
+        if self._state is None:
+            raise EnvError(f"{self.cfg.env_id}: step() called before reset()")
+        action = np.asarray(action, dtype=np.float64)
+        if not np.all(np.isfinite(action)):
+            raise EnvError(f"{self.cfg.env_id}: action contains NaN/inf at step {self._elapsed}: {action}")
+        self.controller.apply(self.data, self._state.pinch, action)
+        mujoco.mj_step(self.model, self.data, self.n_substeps)
+        mujoco.mj_forward(self.model, self.data)  # positions, contacts and camera poses of the new state
+        self._elapsed += 1
+        terms, success = self.evaluate()
+        terminated = success and self.cfg.terminate_on_success
+        truncated = not terminated and self._elapsed >= self.max_episode_steps
+        return StepOut(
+            obs=self._observe(),
+            reward=float(sum(terms.values())),
+            terminated=terminated,
+            truncated=truncated,
+            success=success,
+            reward_terms=terms,
+        )
+
+    def evaluate(self) -> tuple[dict[str, float], bool]:
+        """Reward terms and success of the current simulator state; advances the potentials.
+
+        Call after changing ``data`` by hand (tests teleport cubes, then call
+        ``mujoco.mj_forward`` and this).
+        """
+        self._state = self.read_state()
+        success = is_success(self.task, self._state)
+        phi = potentials(self.task, self._state)
+        terms = reward_terms(self.cfg.reward_mode, self._phi, phi, success)
+        self._phi = phi
+        return terms, success
+
+    def expert_action(self) -> np.ndarray:
+        """The scripted expert's next action ``float32 [4]`` (see :mod:`sim.mujoco_tasks.expert`)."""
+        if self._state is None:
+            raise EnvError(f"{self.cfg.env_id}: expert_action() called before reset()")
+        return self.expert.act(self.task, self._state, self.gripper_closure(), self.controller.target)
+
+    def close(self) -> None:
+        """Free the renderer's GL context. Idempotent."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
+    # ------------------------------------------------------------------ state
+
+    def gripper_closure(self) -> float:
+        """0 fully open .. 1 fully closed (driver joint angle over its range)."""
+        return float(np.clip(self.data.qpos[self.ids.gripper_qpos] / GRIPPER_DRIVER_MAX, 0.0, 1.0))
+
+    def read_state(self) -> TaskState:
+        """Snapshot of the privileged state the task predicates read."""
+        d, ids = self.data, self.ids
+        cubes = np.stack([d.qpos[a : a + 3] for a in ids.cube_qpos])
+        speed = np.array([np.linalg.norm(d.qvel[a : a + 3]) for a in ids.cube_dof])
+        grasped = np.zeros(3, dtype=bool)
+        touched = np.zeros(3, dtype=bool)
+        if d.ncon:
+            pairs = d.contact.geom[: d.ncon]
+            for i, g in enumerate(ids.cube_geom):
+                other = np.concatenate([pairs[pairs[:, 0] == g, 1], pairs[pairs[:, 1] == g, 0]])
+                if other.size:
+                    touched[i] = np.isin(other, ids.robot_geoms).any()
+                    grasped[i] = (
+                        np.isin(other, ids.left_finger_geoms).any() and np.isin(other, ids.right_finger_geoms).any()
+                    )
+        return TaskState(
+            pinch=d.site_xpos[ids.pinch_site].copy(),
+            cubes=cubes,
+            cube_speed=speed,
+            pad=d.mocap_pos[ids.pad_mocap].copy(),
+            grasped=grasped,
+            touched=touched,
+        )
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        d, ids, s = self.data, self.ids, self._state
+        assert s is not None
+        obs: dict[str, np.ndarray] = {
+            OBS_STATE: np.concatenate([s.pinch, [1.0 - self.gripper_closure()], d.qpos[ids.arm_qpos]]).astype(
+                np.float32
+            ),
+            OBS_ENV_STATE: np.concatenate([s.cubes.ravel(), s.pad, [TASK_INDEX[self.task.name]]]).astype(np.float32),
+        }
+        if self.cameras:
+            if self._renderer is None:
+                size = self.cfg.image_size
+                self._renderer = mujoco.Renderer(self.model, height=size, width=size)
+                close_at_exit(self)
+            for cam in self.cameras:
+                self._renderer.update_scene(d, camera=self._camera_ids[cam], scene_option=self._scene_option)
+                obs[image_key(cam)] = self._renderer.render()
+        return obs
+
+
+def sample_layout(rng: np.random.Generator, task: Task, tries: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """Cube centres ``[3, 2]`` and pad centre ``[2]`` (xy, m) by rejection sampling.
+
+    Cubes are at least :data:`MIN_CUBE_GAP` apart and :data:`MIN_PAD_GAP`
+    from the pad. For push tasks the other cubes also keep
+    :data:`PUSH_CLEARANCE` from the straight path the pushed cube travels to
+    the pad, extended backwards by the room the fingers need behind it.
+
+    Raises:
+        EnvError: if no layout is found in ``tries`` draws (cannot happen with
+            the shipped constants; guards against edits).
+    """
+    for _ in range(tries):
+        pts = rng.uniform(SPAWN_LOW, SPAWN_HIGH, size=(4, 2))
+        cubes, pad = pts[:3], pts[3]
+        gaps = np.linalg.norm(cubes[:, None] - cubes[None], axis=-1) + np.eye(3)
+        if gaps.min() < MIN_CUBE_GAP or np.linalg.norm(cubes - pad, axis=-1).min() < MIN_PAD_GAP:
+            continue
+        if task.kind == "push":
+            start = cubes[task.cube]
+            direction = (pad - start) / np.linalg.norm(pad - start)
+            behind = start - 0.07 * direction
+            others = [cubes[j] for j in range(3) if j != task.cube]
+            if min(_segment_distance(p, behind, pad) for p in others) < PUSH_CLEARANCE:
+                continue
+        return cubes, pad
+    raise EnvError(f"mujoco/{task.name}: no valid cube/pad layout found in {tries} draws")
+
+
+def _segment_distance(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    ab = b - a
+    t = float(np.clip(np.dot(p - a, ab) / np.dot(ab, ab), 0.0, 1.0))
+    return float(np.linalg.norm(p - (a + t * ab)))

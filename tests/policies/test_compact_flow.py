@@ -1,0 +1,196 @@
+"""The compact CPU flow VLA: act / evaluate / value, SFT, checkpoints, input errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from policies.base import ActMode, LogProbLevel
+from policies.compact import CompactFlowConfig, CompactFlowPolicy, TextEncoderKind
+from policies.flow.sampler import ChainReduce, SamplerConfig, SamplerKind, SdeMode
+from policies.flow.value import ValuePlacement
+from policies.io import CheckpointError, ObservationError, load_policy
+from policies.registry import POLICIES
+
+torch.set_num_threads(1)
+
+SAMPLERS = [
+    SamplerConfig(kind=SamplerKind.FLOW_SDE, sde_mode=SdeMode.ONE_STEP, num_steps=3),
+    SamplerConfig(kind=SamplerKind.FLOW_SDE, sde_mode=SdeMode.FULL_CHAIN, num_steps=3),
+    SamplerConfig(kind=SamplerKind.FLOW_SDE, sde_mode=SdeMode.FULL_CHAIN, chain_reduce=ChainReduce.SUM, num_steps=3),
+    SamplerConfig(kind=SamplerKind.FLOW_NOISE, num_steps=3),
+]
+
+
+def tiny_config(**kw: object) -> CompactFlowConfig:
+    base = dict(
+        cameras=("front", "wrist"), image_size=(32, 32), state_dim=5, action_dim=3, chunk_size=4, width=32,
+        heads=2, expert_layers=1, cnn_channels=(8, 16), image_tokens=2, text_encoder=TextEncoderKind.HASHED,
+        text_buckets=64, value_hidden=16, noise_hidden=16, sampler=SAMPLERS[0],
+    )
+    base.update(kw)
+    return CompactFlowConfig(**base)  # type: ignore[arg-type]
+
+
+def make_obs(b: int = 3, size: int = 32, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "observation.images.front": torch.randint(0, 256, (b, size, size, 3), dtype=torch.uint8, generator=g),
+        "observation.images.wrist": torch.randint(0, 256, (b, size, size, 3), dtype=torch.uint8, generator=g),
+        "observation.state": torch.randn(b, 5, generator=g),
+        "task": [f"pick up cube {i % 2}" for i in range(b)],
+    }
+
+
+def test_registered_with_its_config() -> None:
+    entry = POLICIES.get("compact-flow")
+    assert entry.obj is CompactFlowPolicy and entry.config is CompactFlowConfig
+
+
+@pytest.mark.parametrize("level", list(LogProbLevel))
+def test_act_shapes_and_eval_mode_is_the_deterministic_ode(level: LogProbLevel) -> None:
+    policy = CompactFlowPolicy(tiny_config(logp_level=level))
+    obs = make_obs()
+    out = policy.act(obs, ActMode.EXPLORE)
+    want_logp = {LogProbLevel.TOKEN: (3, 4, 3), LogProbLevel.ACTION: (3, 4), LogProbLevel.CHUNK: (3,)}[level]
+    assert out.actions.shape == (3, 4, 3) and out.logp.shape == want_logp and out.value.shape == (3,)
+    assert torch.isfinite(out.logp).all() and float(out.logp.abs().sum()) > 0
+    e1 = policy.act(obs, ActMode.EVAL, generator=torch.Generator().manual_seed(5))
+    e2 = policy.act(obs, ActMode.EVAL, generator=torch.Generator().manual_seed(5))
+    assert e1.extras == {} and float(e1.logp.abs().sum()) == 0.0
+    torch.testing.assert_close(e1.actions, e2.actions, rtol=0, atol=0)
+    torch.testing.assert_close(e1.value, out.value)  # value depends on the observation only
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: f"{s.kind.value}-{s.sde_mode.value}-{s.chain_reduce.value}")
+@pytest.mark.parametrize("placement", [ValuePlacement.EXPERT, ValuePlacement.PREFIX])
+def test_evaluate_reproduces_act_and_gradients_reach_trained_params(
+    sampler: SamplerConfig, placement: ValuePlacement
+) -> None:
+    policy = CompactFlowPolicy(tiny_config(sampler=sampler, value_placement=placement))
+    obs = make_obs()
+    out = policy.act(obs)
+    logp, entropy, value = policy.evaluate(obs, out.extras)
+    torch.testing.assert_close(logp, out.logp, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(value, out.value, rtol=1e-5, atol=1e-5)
+    assert entropy.shape == logp.shape
+    (logp.sum() + value.sum() + 0.01 * entropy.sum()).backward()
+    for name in ("prefix.cameras.0.conv.0.weight", "prefix.cameras.1.proj.weight", "prefix.text_proj.weight",
+                 "hashed_text.bag.weight", "expert.action_out.weight", "expert.state_proj.weight",
+                 "value_head.net.3.weight"):
+        grad = dict(policy.named_parameters())[name].grad
+        assert grad is not None and float(grad.abs().sum()) > 0, name
+    if sampler.kind is SamplerKind.FLOW_NOISE:
+        assert all(float(p.grad.abs().sum()) > 0 for p in policy.noise_net.parameters())
+
+
+def test_evaluate_detects_a_changed_action_log_prob() -> None:
+    """Perturbing a recorded chain must change the re-scored log-prob (no trivially equal values)."""
+    policy = CompactFlowPolicy(tiny_config(sampler=SAMPLERS[1]))
+    obs = make_obs()
+    out = policy.act(obs)
+    extras = {k: v.clone() for k, v in out.extras.items()}
+    extras["flow.chain"][:, -1] += 0.5
+    logp, _, _ = policy.evaluate(obs, extras)
+    assert float((logp.detach() - out.logp).abs().min()) > 1e-3
+
+
+def test_save_load_round_trip_gives_identical_actions(tmp_path: Path) -> None:
+    policy = CompactFlowPolicy(tiny_config(sampler=SAMPLERS[3]))
+    policy.set_normalization(torch.arange(5.0), torch.full((5,), 2.0), torch.tensor([1.0, -1.0, 0.5]),
+                             torch.tensor([0.1, 0.2, 0.3]))
+    folder = tmp_path / "ckpt"
+    policy.save_pretrained(folder)
+    policy.save_pretrained(folder)  # overwriting an existing checkpoint works
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary folders left behind
+    config = json.loads((folder / "config.json").read_text())
+    assert config["type"] == "compact-flow" and config["sampler"]["kind"] == "flow_noise"
+    loaded = load_policy(folder)
+    assert isinstance(loaded, CompactFlowPolicy)
+    obs = make_obs()
+    for mode in ActMode:
+        torch.manual_seed(11)
+        a = policy.act(obs, mode)
+        torch.manual_seed(11)
+        b = loaded.act(obs, mode)
+        torch.testing.assert_close(a.actions, b.actions, rtol=0, atol=0)
+        torch.testing.assert_close(a.logp, b.logp, rtol=0, atol=0)
+    torch.testing.assert_close(loaded.action_mean, torch.tensor([1.0, -1.0, 0.5]))
+
+
+def test_loading_checks_type_and_files(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="config.json"):
+        CompactFlowPolicy.from_pretrained(tmp_path)
+    CompactFlowPolicy(tiny_config()).save_pretrained(tmp_path / "c")
+    raw = json.loads((tmp_path / "c" / "config.json").read_text())
+    (tmp_path / "c" / "config.json").write_text(json.dumps({**raw, "type": "pi0"}))
+    with pytest.raises(CheckpointError, match="expected 'compact-flow'"):
+        CompactFlowPolicy.from_pretrained(tmp_path / "c")
+
+
+def test_state_only_policy_without_cameras() -> None:
+    policy = CompactFlowPolicy(tiny_config(cameras=()))
+    obs = {k: v for k, v in make_obs().items() if not k.startswith("observation.images.")}
+    out = policy.act(obs)
+    assert out.actions.shape == (3, 4, 3)
+    torch.testing.assert_close(policy.evaluate(obs, out.extras)[0], out.logp, rtol=1e-4, atol=1e-4)
+
+
+def test_wrong_observations_raise_errors_naming_keys_and_shapes() -> None:
+    policy = CompactFlowPolicy(tiny_config())
+    obs = make_obs()
+    bad = dict(obs)
+    del bad["observation.images.wrist"]
+    with pytest.raises(ObservationError, match=r"observation\.images\.wrist.*expected keys"):
+        policy.act(bad)
+    wrong_size = r"observation\.images\.front must be uint8 \[3, 32, 32, 3\].*\[3, 64, 64, 3\]"
+    with pytest.raises(ObservationError, match=wrong_size):
+        policy.act({**obs, "observation.images.front": make_obs(size=64)["observation.images.front"]})
+    with pytest.raises(ObservationError, match=r"observation\.state must be float \[B, 5\]"):
+        policy.act({**obs, "observation.state": torch.zeros(3, 7)})
+    with pytest.raises(ObservationError, match="dtype uint8"):
+        policy.act({**obs, "observation.images.front": obs["observation.images.front"].float()})
+    with pytest.raises(ObservationError, match="list of 3 strings"):
+        policy.act({**obs, "task": ["only one"]})
+
+
+def test_sft_learns_a_demo_mapping_and_normalization_round_trips() -> None:
+    torch.manual_seed(0)
+    policy = CompactFlowPolicy(tiny_config(sampler=replace(SAMPLERS[0], num_steps=5)))
+    obs = make_obs(b=8)
+    # demo: the action chunk is a fixed function of the state, in un-normalized units
+    actions = (obs["observation.state"][:, :3, None] * 3.0 + 10.0).transpose(1, 2).expand(8, 4, 3).contiguous()
+    policy.fit_normalization(obs["observation.state"], actions)
+    torch.testing.assert_close(policy.actions_to_env(policy.normalize_actions(actions)), actions)
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    first = None
+    for _ in range(150):
+        loss = policy.sft_loss(obs, actions)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = float(loss.detach()) if first is None else first
+    assert float(loss.detach()) < 0.5 * first
+    err_after = (policy.act(obs, ActMode.EVAL).actions - actions).abs().mean()
+    assert float(err_after) < 0.5 * float(actions.std())
+    with pytest.raises(ValueError, match=r"\[B, H, A\] = \[8, 4, 3\]"):
+        policy.sft_loss(obs, actions[:, :2])
+
+
+def test_minilm_text_encoder_is_frozen_cached_and_distinguishes_instructions() -> None:
+    policy = CompactFlowPolicy(tiny_config(text_encoder=TextEncoderKind.MINILM))
+    assert not any("minilm" in n for n, _ in policy.named_parameters())
+    emb = policy._text(["pick up the red cube", "pick up the red cube", "open the drawer"])
+    assert emb.shape == (3, 384)
+    torch.testing.assert_close(emb.norm(dim=-1), torch.ones(3))
+    torch.testing.assert_close(emb[0], emb[1])
+    assert float((emb[0] - emb[2]).abs().max()) > 1e-2
+    assert len(policy.minilm._cache) == 2
+    similar = policy._text(["pick up the blue cube"])[0]
+    assert float(similar @ emb[0]) > float(emb[2] @ emb[0])  # a real sentence encoder, not random
+    out = policy.act(make_obs())
+    assert out.actions.shape == (3, 4, 3)
