@@ -20,8 +20,9 @@ import torch
 from tqdm import tqdm
 
 from policies.base import ActMode, Policy
-from policies.registry import POLICIES, load_policy
-from sim.core import EnvSpec, OBS_STATE
+from policies.io import load_policy
+from policies.registry import POLICIES
+from sim.core import OBS_STATE, EnvSpec
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.learners import ALGORITHMS, Learner
 from vla_rl.config import default_runs_dir

@@ -24,7 +24,6 @@ import draccus
 import torch
 
 from policies.flow.sampler import SamplerConfig, SamplerKind
-from policies.registry import load_policy
 from vla_rl.algorithms.learners import AlgoConfig
 from vla_rl.commands import COMMANDS
 from vla_rl.commands.collect import collect_demos

@@ -26,7 +26,7 @@ def action_source(name: str, env: VecEnv, seed: int) -> ActionFn:
     if name == "expert":
         return lambda obs: env.expert_actions()[:, None, :]
     from policies import ActMode
-    from policies.registry import load_policy
+    from policies.io import load_policy
 
     policy = load_policy(name)
     policy.eval()
