@@ -120,10 +120,11 @@ def main(argv: Sequence[str] | None = None) -> object:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     from sim import EnvError
+    from vla_rl.config import ConfigError
 
     try:
         return entry.obj(cfg)
-    except (EnvError, FileNotFoundError, FileExistsError) as exc:
+    except (EnvError, ConfigError, FileNotFoundError, FileExistsError) as exc:
         print(f"vla-rl {name}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:

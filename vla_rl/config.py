@@ -15,6 +15,10 @@ from pathlib import Path
 from sim import VecEnv, make_env
 
 
+class ConfigError(ValueError):
+    """A config value that cannot work, found once the env or policy is known; names the field."""
+
+
 @dataclass
 class EnvConfig:
     """Which simulator task to run and how."""

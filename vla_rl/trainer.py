@@ -25,7 +25,7 @@ from policies.registry import POLICIES
 from sim.core import OBS_STATE, EnvSpec
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.learners import ALGORITHMS, Learner
-from vla_rl.config import default_runs_dir
+from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.evaluation import EvalResult, evaluate_episodes
 from vla_rl.rollout import RolloutEngine
 from vla_rl.run_logging import RunLogger
@@ -130,6 +130,14 @@ class Trainer:
               start_iter: int, env_steps: int, best: float | None) -> dict[str, Any]:
         cfg = self.cfg
         engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
+        horizon = cfg.algo.decisions_per_iter * engine.exec_steps
+        if cfg.reset_every_iteration and horizon < env.spec.max_episode_steps:
+            raise ConfigError(
+                f"algo.decisions_per_iter ({cfg.algo.decisions_per_iter}) x exec steps ({engine.exec_steps}) = {horizon} "
+                f"env steps per iteration is shorter than an episode of {env.spec.env_id} ({env.spec.max_episode_steps} "
+                "steps): with reset_every_iteration no episode could finish. Raise algo.decisions_per_iter or "
+                "lower env.max_episode_steps."
+            )
         engine.total_env_steps = env_steps
         first = last = None
         if start_iter == 0:
