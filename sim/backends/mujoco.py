@@ -75,13 +75,26 @@ class MujocoOptions(SimOptions):
             raise ValueError(f"multi_tasks has unknown task(s) {bad}; valid: {', '.join(TASK_INDEX)}")
 
 
+def _skill_subsets() -> dict[str, tuple[str, ...]]:
+    """``pick-any``: one of the three pick tasks per episode (the instruction names the colour); same for push, stack."""
+    from sim.mujoco_tasks.tasks import TASKS
+
+    out: dict[str, list[str]] = {}
+    for t in TASKS:
+        out.setdefault(f"{t.name.split('-')[0]}-any", []).append(t.name)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+SKILL_SUBSETS = _skill_subsets()
+
+
 @ENVS.register("mujoco", config=MujocoOptions)
 class MujocoBackend(Backend):
     """Language-conditioned tabletop tasks on gym-hil's MuJoCo Panda (fast, CPU-friendly)."""
 
     def tasks(self) -> list[str]:
-        """``pick-*``, ``push-*-to-pad``, ``stack-*-on-*`` and ``multi``."""
-        return task_names()
+        """``pick-*``, ``push-*-to-pad``, ``stack-*-on-*``, ``multi`` and per-skill ``<skill>-any``."""
+        return task_names() + list(SKILL_SUBSETS)
 
     def make(self, task: str, num_envs: int, seed: int, options: MujocoOptions) -> VecEnv:  # type: ignore[override]
         """Build ``num_envs`` tabletop envs; see :class:`MujocoOptions`.
@@ -95,10 +108,11 @@ class MujocoBackend(Backend):
         env_id = f"mujoco/{task}"
         if options.multi_tasks and task != MULTI:
             raise EnvError(f"{env_id}: multi_tasks only applies to mujoco/{MULTI}")
+        subset = SKILL_SUBSETS.get(task, tuple(options.multi_tasks))
         cfg = EnvConfig(
             env_id=env_id,
-            task=task,
-            multi_tasks=tuple(options.multi_tasks),
+            task=MULTI if task in SKILL_SUBSETS else task,
+            multi_tasks=subset,
             obs_mode=options.obs_mode,
             image_size=options.image_size or 64,
             wrist_camera=options.wrist_camera,

@@ -52,7 +52,6 @@ class EEController:
         self._scratch = mujoco.MjData(model)
         self._jacp = np.zeros((3, model.nv))
         self._jacr = np.zeros((3, model.nv))
-        self._err_quat = np.zeros(4)
         self._target_quat = np.zeros(4)
         mujoco.mju_mat2Quat(self._target_quat, TARGET_ROT.flatten())
         self.target = HOME_POS.copy()

@@ -5,14 +5,17 @@ linkage come from the ``gym-hil`` package's ``assets/panda.xml`` (LeRobot's
 copy of the MuJoCo Menagerie Panda), loaded by path at run time with
 :class:`mujoco.MjSpec` and edited before compiling:
 
-- the high-poly visual meshes (group 2, ~135k triangles) are deleted and the
-  collision meshes are drawn instead, in flat colours (rendered as convex
-  hulls, see :data:`RENDER_FLAGS`);
+- the high-poly visual meshes (group 2) are deleted and the collision meshes
+  are drawn instead, in flat colours, as convex hulls of at most
+  :data:`MAX_HULL_VERTICES` vertices (~1.8k triangles for the whole robot,
+  see :data:`RENDER_FLAGS`); the same hulls are the collision shapes;
+- the arm does not collide with itself, and its base and shoulder links
+  collide with nothing (speeds up the physics 2.5x);
 - the seven torque motors become joint position servos (same force limits)
   and the arm is gravity-compensated, so an inverse-kinematics target set
   once per control step is tracked by MuJoCo's C loop with no Python in the
   physics substeps;
-- lights never cast shadows and off-screen anti-aliasing is off.
+- ``assets/tabletop.xml`` turns shadows and off-screen anti-aliasing off.
 
 Nothing is copied into this repository: only ``assets/tabletop.xml`` (table,
 cubes, pad, camera) is ours.
@@ -43,7 +46,7 @@ _GRIPPER_RGBA = (0.22, 0.22, 0.25, 1.0)
 _PAD_RGBA = (0.08, 0.08, 0.08, 1.0)
 _GRIPPER_BODIES = {"base_mount", "base"}
 # Convex hulls (used for collision and drawn by the renderer) keep at most this many vertices:
-# the 2F-85 base meshes alone have 56k triangles and 1.6k-triangle hulls otherwise.
+# the 2F-85 base meshes alone have 56k triangles and 2.8k-triangle hulls otherwise.
 MAX_HULL_VERTICES = 32
 _NO_CONTACT_BODIES = {"link0", "link1", "link2"}
 _ROBOT_CONTYPE = 2  # collides with contype-1 geoms (table, cubes) but not with itself
@@ -51,8 +54,8 @@ FINGER_PAD_GEOMS = ("left_pad1", "left_pad2", "right_pad1", "right_pad2")
 GRIPPER_CTRL_MAX = 255.0  # the 2F-85 actuator's ctrl range is [0, 255]
 GRIPPER_DRIVER_MAX = 0.8  # rad, driver joint at fully closed
 
-# Scene flags for mujoco.Renderer.update_scene: draw mesh geoms as convex hulls
-# (~5k instead of ~16k triangles for the whole robot).
+# Scene flags for mujoco.Renderer.update_scene: draw mesh geoms as their convex hulls
+# (~1.8k triangles for the whole robot instead of 72k for its collision meshes).
 RENDER_FLAGS = ((mujoco.mjtVisFlag.mjVIS_CONVEXHULL, True),)
 
 
@@ -151,13 +154,10 @@ class SceneIds:
     cube_qpos: np.ndarray  # [3] qpos address of each cube's free joint (x, y, z, qw, qx, qy, qz)
     cube_dof: np.ndarray  # [3] dof address of each cube's free joint
     cube_geom: np.ndarray  # [3] geom id of each cube
-    cube_body: np.ndarray  # [3] body id of each cube
     pad_mocap: int
-    finger_geoms: np.ndarray  # [4] the four finger pad boxes
-    left_finger_geoms: np.ndarray  # [2]
-    right_finger_geoms: np.ndarray  # [2]
+    left_finger_geoms: np.ndarray  # [2] the pad boxes of the left finger
+    right_finger_geoms: np.ndarray  # [2] the pad boxes of the right finger
     robot_geoms: np.ndarray  # every robot geom id
-    table_geom: int
     front_camera: int
     wrist_camera: int
 
@@ -180,13 +180,10 @@ class SceneIds:
             cube_qpos=np.array([j.qposadr[0] for j in cubes]),
             cube_dof=np.array([j.dofadr[0] for j in cubes]),
             cube_geom=np.array([model.geom(f"{c}_cube").id for c in CUBE_COLORS]),
-            cube_body=np.array([model.body(f"{c}_cube").id for c in CUBE_COLORS]),
             pad_mocap=int(model.body_mocapid[pad_body.id]),
-            finger_geoms=np.array([model.geom(p + g).id for g in FINGER_PAD_GEOMS]),
             left_finger_geoms=np.array([model.geom(p + g).id for g in FINGER_PAD_GEOMS[:2]]),
             right_finger_geoms=np.array([model.geom(p + g).id for g in FINGER_PAD_GEOMS[2:]]),
             robot_geoms=np.array([g for g in range(model.ngeom) if model.geom_bodyid[g] in robot_body_ids]),
-            table_geom=model.geom("table").id,
             front_camera=model.camera("front").id,
             wrist_camera=model.camera(p + "handcam_rgb").id,
         )

@@ -111,7 +111,11 @@ def test_action_shape_mismatch_is_a_clear_error(env):
 def test_unknown_env_id_lists_valid_ids():
     with pytest.raises(EnvError) as err:
         make_env("mujoco/pick-purple")
-    assert "mujoco/pick-red" in str(err.value) and "maniskill/PickCube-v1" in str(err.value)
+    assert "Did you mean mujoco/pick-red" in str(err.value) and "mujoco/multi" in str(err.value)
+    with pytest.raises(EnvError) as err:  # unknown backend: every backend's ids
+        make_env("mujocoo/pick-red")
+    for expected in ("mujoco/pick-red", "maniskill/PickCube-v1", "libero/libero_object/{0..9}", "gym_hil/"):
+        assert expected in str(err.value)
     with pytest.raises(EnvError, match="Did you mean maniskill/PickCube-v1"):
         make_env("maniskill/PickCube-v2")
     with pytest.raises(EnvError, match="unknown option"):
