@@ -34,13 +34,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hardware.ros2.bridge import Ros2Adapter  # noqa: E402
-from hardware.ros2.config import RosCameraConfig, Ros2RobotConfig  # noqa: E402
-from hardware.runner import DeployRunner  # noqa: E402
-from hardware.safety import SafetyConfig  # noqa: E402
-from hardware.scheduling import ChunkConfig  # noqa: E402
-from hardware.testing import TinyJointPolicy  # noqa: E402
-from hardware.timing import TABLE_HEADER, LatencySummary  # noqa: E402
+from hardware.ros2.bridge import Ros2Adapter
+from hardware.ros2.config import Ros2RobotConfig, RosCameraConfig
+from hardware.runner import DeployRunner
+from hardware.safety import SafetyConfig
+from hardware.scheduling import ChunkConfig
+from hardware.testing import TinyJointPolicy
+from hardware.timing import TABLE_HEADER, LatencySummary
 
 JOINTS = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"]
 
@@ -48,8 +48,23 @@ JOINTS = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_ro
 def start_arm(tmp: Path, domain: int, camera: bool) -> tuple[subprocess.Popen, Path, dict]:
     """Start the simulated arm node; return (process, command log, limits)."""
     ready, log = tmp / "ready.json", tmp / "commands.jsonl"
-    cmd = [sys.executable, "-m", "hardware.ros2.sim_node", "--model", "so101", "--domain-id", str(domain),
-           "--command-log", str(log), "--ready-file", str(ready), "--state-hz", "100", "--camera-hz", "15"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hardware.ros2.sim_node",
+        "--model",
+        "so101",
+        "--domain-id",
+        str(domain),
+        "--command-log",
+        str(log),
+        "--ready-file",
+        str(ready),
+        "--state-hz",
+        "100",
+        "--camera-hz",
+        "15",
+    ]
     if camera:
         cmd += ["--camera", "front"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -67,15 +82,21 @@ def run_rate(hz: float, seconds: float, domain: int, limits: dict, camera: bool)
     """One runner episode at ``hz``; returns (timing summaries, wall time when it started)."""
     cams = {"front": RosCameraConfig(topic="/front/image_raw", width=64, height=64)} if camera else {}
     cfg = Ros2RobotConfig(
-        joint_names=JOINTS, domain_id=domain, cameras=cams,
-        position_lower=limits["lower"], position_upper=limits["upper"],
+        joint_names=JOINTS,
+        domain_id=domain,
+        cameras=cams,
+        position_lower=limits["lower"],
+        position_upper=limits["upper"],
     )
     robot = Ros2Adapter(cfg)
     robot.connect()
     try:
         policy = TinyJointPolicy.build(6, 6, chunk_size=10, max_step=0.3 / hz)
         runner = DeployRunner(
-            robot, policy, hz, seconds,
+            robot,
+            policy,
+            hz,
+            seconds,
             safety=SafetyConfig(max_velocity=[1.0], obs_timeout_s=0.5, camera_timeout_s=1.0),
             chunk=ChunkConfig(replan_every=5, async_inference=True),
         )
@@ -113,27 +134,29 @@ def main() -> None:
     os.environ.setdefault("ROS_LOG_DIR", str(Path(tempfile.gettempdir()) / "vla-rl-bench-roslog"))
     torch.set_num_threads(1)
     camera = not args.no_camera
-    tmp = Path(tempfile.mkdtemp(prefix="control_loop_"))
-    proc, log, limits = start_arm(tmp, args.domain_id, camera)
     sections = []
-    try:
-        for hz in args.rates:
+    for hz in args.rates:  # a fresh arm per rate: every run starts from the home pose
+        tmp = Path(tempfile.mkdtemp(prefix=f"control_loop_{hz:g}hz_"))
+        proc, log, limits = start_arm(tmp, args.domain_id, camera)
+        try:
             timing, started = run_rate(hz, args.seconds, args.domain_id, limits, camera)
             time.sleep(0.3)
             timing["transport"] = transport_latency(log, started, time.time())
             sections.append((hz, timing))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
     md = [
         "## Control loop over ROS 2 loopback",
         "",
-        f"`benchmarks/control_loop.py --seconds {args.seconds:g}`: deployment runner -> simulated SO-101 node "
-        f"(separate process, MuJoCo, JointState at 100 Hz{', one 64x64 rgb8 camera at 15 Hz' if camera else ''}), "
-        "tiny policy with async inference, safety envelope on, FastDDS, "
-        f"`ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`. {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
-        f"load average {os.getloadavg()[0]:.1f} at the end. Times in ms.",
+        (
+            f"`benchmarks/control_loop.py --seconds {args.seconds:g}`: deployment runner -> simulated SO-101 node "
+            f"(separate process, MuJoCo, JointState at 100 Hz{', one 64x64 rgb8 camera at 15 Hz' if camera else ''}), "
+            "tiny policy with async inference, safety envelope on, FastDDS, "
+            f"`ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`. {platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+            f"load average {os.getloadavg()[0]:.1f} at the end. Times in ms."
+        ),
         "",
     ]
     for hz, timing in sections:

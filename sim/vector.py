@@ -10,6 +10,14 @@ Two drivers share one bookkeeping base:
 
 Both auto-reset ended envs, keep the ended episode's final observation, track
 episode return/length/success and check action shapes.
+
+:class:`ProcessVecEnv` also runs whole action chunks asynchronously on a
+group of workers (:meth:`ProcessVecEnv.chunk_async` /
+:meth:`ProcessVecEnv.chunk_wait`), so a caller can compute the next chunk of
+one group of envs while another group steps (pipelined rollouts). Inside a
+chunk an env whose episode ends is auto-reset and then held still (zero
+actions) for the rest of the chunk, exactly as the rollout engine does with
+:meth:`VecEnv.step`.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import multiprocessing as mp
 import os
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -184,6 +192,26 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
                     outs.append(StepOut({}, out.reward, out.terminated, out.truncated, out.success, out.reward_terms))
                     instr.append(text)
                 conn.send(("ok", (outs, instr)))
+            elif cmd == "chunk":  # arg: actions [n, H, A]; hold an env still after its episode ends
+                steps, ended = [], [False] * len(envs)
+                for h in range(arg.shape[1]):
+                    outs, instr = [], []
+                    for j, env in enumerate(envs):
+                        out = env.step(np.zeros_like(arg[j, h]) if ended[j] else arg[j, h])
+                        row = offset + j
+                        _write(obs_bufs, row, out.obs)
+                        text = None
+                        if out.terminated or out.truncated:
+                            if not ended[j]:
+                                _write(final_bufs, row, out.obs)
+                            ended[j] = True
+                            obs, text = env.reset(None)
+                            _write(obs_bufs, row, obs)
+                        outs.append(StepOut({}, out.reward, out.terminated, out.truncated, out.success,
+                                            out.reward_terms))
+                        instr.append(text)
+                    steps.append((outs, instr))
+                conn.send(("ok", steps))
             elif cmd == "reset":
                 texts = []
                 for j, seed in arg:
@@ -212,6 +240,36 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
             conn.send(("closed", None))
         except Exception:
             pass
+
+
+@dataclass
+class ChunkSteps:
+    """The outcome of one action chunk on a group of ``n`` envs (:meth:`ProcessVecEnv.chunk_wait`).
+
+    Per-step tensors are ``[H, n]``; rows follow ``env_ids``. After an env's episode ends (and it is
+    auto-reset) it is held still: its later steps belong to its next episode.
+
+    Attributes:
+        env_ids: the envs of the group, ascending.
+        reward, terminated, truncated, success: ``[H, n]`` per step, as :meth:`VecEnv.step` returns them.
+        reward_terms: named ``[H, n]`` reward terms (empty if the env reports none).
+        episode_return, episode_length: ``[H, n]`` statistics of the episode that ended at that step
+            (valid where ``terminated | truncated``).
+        final_obs: rows ``[n, ...]`` of the last observation of each env's first episode that ended in
+            the chunk (valid for those envs), with ``task`` its instruction.
+        obs: rows ``[n, ...]`` of the observation after the chunk, with the current instructions.
+    """
+
+    env_ids: list[int]
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    success: torch.Tensor
+    reward_terms: dict[str, torch.Tensor]
+    episode_return: torch.Tensor
+    episode_length: torch.Tensor
+    final_obs: Obs
+    obs: Obs
 
 
 class ProcessVecEnv(_Bookkeeping):
@@ -244,6 +302,7 @@ class ProcessVecEnv(_Bookkeeping):
         bounds = np.linspace(0, n, num_workers + 1).astype(int)
         self._slices = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         self._conns, self._procs = [], []
+        self._pending: dict[int, int] = {}  # worker -> chunk length, for chunks in flight
         try:
             for a, b in self._slices:
                 parent, child = ctx.Pipe()
@@ -281,6 +340,7 @@ class ProcessVecEnv(_Bookkeeping):
         return payload
 
     def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
+        self._check_idle("reset")
         ids = normalize_env_ids(env_ids, self.num_envs)
         seeds = seeds_for_ids(self._take_seed(seed), ids)
         busy = []
@@ -297,6 +357,7 @@ class ProcessVecEnv(_Bookkeeping):
         return self._last_obs
 
     def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        self._check_idle("step")
         acts = self.check_actions(actions).numpy()
         for w, (a, b) in enumerate(self._slices):
             self._conns[w].send(("step", acts[a:b]))
@@ -309,6 +370,113 @@ class ProcessVecEnv(_Bookkeeping):
                 if text is not None:
                     self._instructions[a + j] = text
         return self._finish_step(outs, self._obs_bufs, self._final_bufs)
+
+    # -- asynchronous action chunks (pipelined rollouts) -----------------------------------------
+
+    def chunk_groups(self, num_groups: int = 2) -> list[list[int]] | None:
+        """Env ids split into ``num_groups`` groups of whole workers (contiguous, ascending).
+
+        Groups step in parallel with each other and with the caller. Returns None when there are
+        fewer workers than groups (nothing could overlap).
+        """
+        if num_groups < 1 or len(self._slices) < num_groups:
+            return None
+        bounds = np.linspace(0, len(self._slices), num_groups + 1).astype(int)
+        return [list(range(self._slices[a][0], self._slices[b - 1][1])) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _workers_of(self, env_ids: Sequence[int]) -> list[int]:
+        ids = list(env_ids)
+        workers = [w for w, (a, b) in enumerate(self._slices) if a < b and a in ids]
+        covered = [i for w in workers for i in range(*self._slices[w])]
+        if not ids or covered != ids:
+            raise EnvError(
+                f"{self._env_id}: chunk env_ids {ids[:8]}... must be whole worker slices in order "
+                f"(worker slices {self._slices}); use chunk_groups() to get valid groups"
+            )
+        return workers
+
+    def _check_idle(self, what: str) -> None:
+        if self._pending:
+            raise EnvError(f"{self._env_id}: {what}() while action chunks are in flight on workers "
+                           f"{sorted(self._pending)}; call chunk_wait() first")
+
+    def chunk_async(self, actions: torch.Tensor, env_ids: Sequence[int]) -> None:
+        """Start executing ``actions [n, H, A]`` on the envs ``env_ids`` (whole workers, see :meth:`chunk_groups`).
+
+        Returns at once; :meth:`chunk_wait` with the same ids collects the outcome. An env whose episode
+        ends inside the chunk is auto-reset and held still (zero actions) for the rest of the chunk.
+
+        Raises:
+            EnvError: for ids that are not whole worker slices, a group already in flight, or a wrong
+                action shape.
+        """
+        workers = self._workers_of(env_ids)
+        busy = [w for w in workers if w in self._pending]
+        if busy:
+            raise EnvError(f"{self._env_id}: workers {busy} already run a chunk; call chunk_wait() first")
+        if not isinstance(actions, torch.Tensor) or actions.ndim != 3 or tuple(actions.shape[::2]) != (
+                len(env_ids), *self.spec.action.shape):
+            shape = list(actions.shape) if isinstance(actions, torch.Tensor) else type(actions).__name__
+            raise EnvError(f"{self._env_id}: chunk actions must be [n_envs={len(env_ids)}, H, "
+                           f"{self.spec.action_dim}], got {shape}")
+        acts = actions.detach().to("cpu", torch.float32).numpy()
+        first = env_ids[0]
+        for w in workers:
+            a, b = self._slices[w]
+            self._conns[w].send(("chunk", acts[a - first : b - first]))
+            self._pending[w] = acts.shape[1]
+
+    def chunk_wait(self, env_ids: Sequence[int]) -> ChunkSteps:
+        """Wait for the chunk started by :meth:`chunk_async` on ``env_ids``; see :class:`ChunkSteps`.
+
+        Raises:
+            EnvError: if no chunk runs on those envs, or a worker failed or died.
+        """
+        workers = self._workers_of(env_ids)
+        if any(w not in self._pending for w in workers):
+            raise EnvError(f"{self._env_id}: no chunk in flight on env_ids {list(env_ids)[:8]}...")
+        per_worker = []
+        for w in workers:
+            horizon = self._pending.pop(w)
+            per_worker.append(self._recv(w))
+        ids = list(env_ids)
+        n, first = len(ids), ids[0]
+        shape = (horizon, n)
+        reward, ret = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        term, trunc, success = np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, bool)
+        length = np.zeros(shape, np.int64)
+        terms: dict[str, np.ndarray] = {}
+        final_task = [self._instructions[i] for i in ids]
+        seen = np.zeros(n, bool)
+        for w, steps in zip(workers, per_worker):
+            a = self._slices[w][0]
+            for h, (outs, texts) in enumerate(steps):
+                for j, (out, text) in enumerate(zip(outs, texts)):
+                    i, k = a + j, a + j - first
+                    reward[h, k], term[h, k], trunc[h, k] = out.reward, out.terminated, out.truncated
+                    success[h, k] = out.success
+                    for name, value in (out.reward_terms or {}).items():
+                        terms.setdefault(name, np.zeros(shape, np.float32))[h, k] = value
+                    self._ep_return[i] += out.reward
+                    self._ep_len[i] += 1
+                    if out.terminated or out.truncated:
+                        ret[h, k], length[h, k] = self._ep_return[i], self._ep_len[i]
+                        self._ep_return[i], self._ep_len[i] = 0.0, 0
+                        if not seen[k]:
+                            final_task[k], seen[k] = self._instructions[i], True
+                    if text is not None:
+                        self._instructions[i] = text
+        rows = slice(first, first + n)
+        final: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in self._final_bufs.items()}
+        final[TASK] = final_task
+        obs: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in self._obs_bufs.items()}
+        obs[TASK] = [self._instructions[i] for i in ids]
+        return ChunkSteps(
+            env_ids=ids, reward=torch.from_numpy(reward), terminated=torch.from_numpy(term),
+            truncated=torch.from_numpy(trunc), success=torch.from_numpy(success),
+            reward_terms={k: torch.from_numpy(v) for k, v in terms.items()},
+            episode_return=torch.from_numpy(ret), episode_length=torch.from_numpy(length), final_obs=final, obs=obs,
+        )
 
     def expert_actions(self) -> torch.Tensor:
         """Scripted-expert actions ``[B, A]`` computed inside the workers."""

@@ -17,6 +17,15 @@ Two collection modes:
   (PPO); envs keep running across calls;
 - :meth:`RolloutEngine.collect_groups` — every env plays exactly one episode
   from a seeded initial state shared by its group of ``G`` envs (GRPO).
+
+*Pipelined* collection (``pipelined=True``, for envs that run action chunks
+asynchronously on groups of workers, :meth:`sim.vector.ProcessVecEnv.chunk_async`):
+the envs are split into two halves, each a stream of decisions; while one
+half executes its chunk in the workers, the policy computes the other half's
+next chunk. The rollout is the same as the sequential one (same decisions,
+rewards, bootstraps and episodes) for a policy that treats batch rows
+independently; with a stochastic policy only the random draws differ. Envs
+without that support fall back to sequential collection.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from policies.base import ActMode, Policy
+from policies.base import ActMode, ActOutput, Policy
 from sim.core import TASK, Obs, VecEnv
 
 
@@ -101,6 +110,37 @@ def _rows(obs: Obs, idx: list[int]) -> Obs:
     return {k: ([v[i] for i in idx] if k == TASK else v[idx]) for k, v in obs.items()}
 
 
+def _slice(obs: Obs, a: int, e: int) -> Obs:
+    return {k: v[a:e] for k, v in obs.items()}
+
+
+def _cat_obs(parts: list[Obs]) -> Obs:
+    return {k: ([t for p in parts for t in p[k]] if k == TASK else torch.cat([p[k] for p in parts])) for k in parts[0]}
+
+
+def _cat_out(parts: list[ActOutput]) -> ActOutput:
+    values = [p.value for p in parts]
+    return ActOutput(
+        actions=torch.cat([p.actions.cpu() for p in parts]), logp=torch.cat([p.logp.cpu() for p in parts]),
+        value=None if any(v is None for v in values) else torch.cat([v.cpu() for v in values]),  # type: ignore[union-attr]
+        extras={k: torch.cat([p.extras[k].cpu() for p in parts]) for k in parts[0].extras},
+    )
+
+
+def _cat_chunks(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Join the halves' chunk results (env order); episodes in step order, then env order, as sequential."""
+    names = sorted({n for p in parts for n in p["terms"]})
+    sizes = [len(p["reward"]) for p in parts]
+    terms = {n: torch.cat([p["terms"].get(n, torch.zeros(s)) for p, s in zip(parts, sizes)]) for n in names}
+    episodes = sorted((ep for p in parts for ep in p["episodes"]), key=lambda he: (he[0], he[1].env))
+    return {
+        "reward": torch.cat([p["reward"] for p in parts]), "terms": terms,
+        "term": torch.cat([p["term"] for p in parts]), "trunc": torch.cat([p["trunc"] for p in parts]),
+        "final": {i: f for p in parts for i, f in p["final"].items()},
+        "episodes": [ep for _, ep in episodes],
+    }
+
+
 class RolloutEngine:
     """Collect rollouts of ``policy`` in ``env`` (see module doc).
 
@@ -109,9 +149,13 @@ class RolloutEngine:
         policy: any :class:`policies.Policy`.
         exec_steps: actions of each chunk executed before the next decision (<= H; 0 = all H).
         use_critic: compute values (and bootstrap values) with the policy's critic.
+        pipelined: overlap env stepping with policy inference (two halves of the envs) when the env
+            supports asynchronous chunks (``chunk_groups`` / ``chunk_async`` / ``chunk_wait``); otherwise
+            collect sequentially. See the module doc.
     """
 
-    def __init__(self, env: VecEnv, policy: Policy, exec_steps: int = 0, use_critic: bool = True) -> None:
+    def __init__(self, env: VecEnv, policy: Policy, exec_steps: int = 0, use_critic: bool = True,
+                 pipelined: bool = False) -> None:
         h = policy.chunk_size
         if exec_steps > h:
             raise ValueError(f"exec_steps={exec_steps} is longer than the policy's chunk ({h})")
@@ -119,8 +163,15 @@ class RolloutEngine:
         self.policy = policy
         self.exec_steps = exec_steps or h
         self.use_critic = use_critic
+        self.pipelined = pipelined
         self._obs: Obs | None = None
         self.total_env_steps = 0
+
+    @property
+    def pipeline_groups(self) -> list[list[int]] | None:
+        """The two env halves stepped alternately in pipelined mode, or None (sequential collection)."""
+        groups = getattr(self.env, "chunk_groups", None)
+        return groups(2) if self.pipelined and groups is not None else None
 
     # ------------------------------------------------------------------ helpers
 
@@ -204,12 +255,11 @@ class RolloutEngine:
         group_ids = torch.arange(len(seeds)).repeat_interleave(group_size)
         return self._collect(max_decisions, mode, group_ids=group_ids, stop_when_all_ended=True)
 
-    def _collect(self, num_decisions: int, mode: ActMode, group_ids: Tensor | None, stop_when_all_ended: bool) -> Rollout:
+    def _decisions_sequential(self, num_decisions: int, mode: ActMode, stop_when_all_ended: bool) -> tuple[list, ...]:
+        """Act on all envs, execute the chunk, repeat: per decision (obs, ActOutput, chunk, value, valid)."""
         b = self.env.num_envs
-        steps_before = self.total_env_steps
         obs_list, outs, chunks, values, valid = [], [], [], [], []
         alive = torch.ones(b, dtype=torch.bool)
-        episodes: list[EpisodeRecord] = []
         for _ in range(num_decisions):
             obs = self._obs
             out = self.policy.act(obs, mode)
@@ -220,11 +270,121 @@ class RolloutEngine:
             values.append(value)
             valid.append(alive.clone())
             chunks.append(chunk)
-            episodes += chunk["episodes"]
             if stop_when_all_ended:
                 alive &= ~(chunk["term"] | chunk["trunc"])
                 if not alive.any():
                     break
+        return obs_list, outs, chunks, values, valid
+
+    def _decisions_pipelined(self, groups: list[list[int]], num_decisions: int, mode: ActMode,
+                             stop_when_all_ended: bool) -> tuple[list, ...]:
+        """Two halves, each a stream of decisions: act on one half while the other half's chunk runs.
+
+        Schedule per decision d: wait for half 0's chunk d-1, act on half 0, launch it; wait for half 1's
+        chunk d-1, act on half 1, launch it. Half 1's inference overlaps half 0's stepping and vice versa.
+        In group mode the loop stops after the first decision at which every env has ended, as in
+        sequential collection (a half is only launched again once that is known to be false).
+        """
+        env: Any = self.env
+        obs = dict(self._obs)  # type: ignore[arg-type]
+        halves = [(g, g[0], g[-1] + 1) for g in groups]
+        per_half: list[list[tuple[Obs, ActOutput, Tensor, dict[str, Any], Tensor]]] = [[], []]
+        alive = [torch.ones(len(g), dtype=torch.bool) for g in groups]
+        in_flight = [False, False]
+        done_at: int | None = None  # decision after which every env had ended (group mode)
+
+        def finish(k: int) -> None:
+            ids, a, _ = halves[k]
+            steps = env.chunk_wait(ids)
+            in_flight[k] = False
+            self.total_env_steps += len(ids) * self.exec_steps
+            rec = per_half[k][-1]
+            chunk = self._chunk_from_steps(steps, rec[4])
+            per_half[k][-1] = (*rec[:3], chunk, rec[4])
+            for key, value in steps.obs.items():
+                if key == TASK:
+                    obs[key] = obs[key][:a] + value + obs[key][a + len(ids):]
+                else:
+                    obs[key] = torch.cat([obs[key][:a], value, obs[key][a + len(ids):]])
+            if stop_when_all_ended:
+                alive[k] &= ~(chunk["term"] | chunk["trunc"])
+
+        for d in range(num_decisions):
+            for k, (ids, a, e) in enumerate(halves):
+                if in_flight[k]:
+                    finish(k)
+                if d > 0 and stop_when_all_ended and not alive[k].any():
+                    other = 1 - k
+                    if in_flight[other] and len(per_half[other]) == d:  # the other half's decision d-1
+                        finish(other)
+                    if not alive[other].any() and len(per_half[other]) == d:
+                        done_at = d
+                        break
+                rows = _slice(obs, a, e)
+                out = self.policy.act(rows, mode)
+                value = out.value.float().cpu() if (self.use_critic and out.value is not None) else torch.zeros(len(ids))
+                per_half[k].append((rows, out, value, {}, alive[k].clone()))
+                env.chunk_async(out.actions.cpu()[:, : self.exec_steps], ids)
+                in_flight[k] = True
+            if done_at is not None:
+                break
+        for k in range(len(halves)):
+            if in_flight[k]:
+                finish(k)
+        self._obs = obs
+        t = min(len(h) for h in per_half)
+        obs_list, outs, chunks, values, valid = [], [], [], [], []
+        for d in range(t):
+            recs = [h[d] for h in per_half]
+            obs_list.append(_cat_obs([r[0] for r in recs]))
+            outs.append(_cat_out([r[1] for r in recs]))
+            values.append(torch.cat([r[2] for r in recs]))
+            chunks.append(_cat_chunks([r[3] for r in recs]))
+            valid.append(torch.cat([r[4] for r in recs]))
+        return obs_list, outs, chunks, values, valid
+
+    def _chunk_from_steps(self, steps: Any, alive: Tensor) -> dict[str, Any]:
+        """:meth:`_run_chunk`'s result for one half, from its :class:`sim.vector.ChunkSteps`."""
+        ids = steps.env_ids
+        n = len(ids)
+        reward = torch.zeros(n)
+        terms: dict[str, Tensor] = {name: torch.zeros(n) for name in steps.reward_terms}
+        ended = torch.zeros(n, dtype=torch.bool)
+        term = torch.zeros(n, dtype=torch.bool)
+        trunc = torch.zeros(n, dtype=torch.bool)
+        final: dict[int, Obs] = {}
+        episodes: list[tuple[int, EpisodeRecord]] = []
+        for h in range(steps.reward.shape[0]):
+            r, te, tr = steps.reward[h], steps.terminated[h], steps.truncated[h]
+            live = ~ended
+            reward += torch.where(live, r, torch.zeros_like(r))
+            for name, value in steps.reward_terms.items():
+                terms[name] += torch.where(live, value[h], torch.zeros_like(value[h]))
+            now = (te | tr) & live
+            for j in now.nonzero().flatten().tolist():
+                i = ids[j]
+                final[i] = {k: (v[j] if k == TASK else v[j : j + 1]) for k, v in steps.final_obs.items()}
+                if alive[j]:
+                    episodes.append((h, EpisodeRecord(
+                        env=i, task=steps.final_obs[TASK][j], ret=float(steps.episode_return[h, j]),
+                        length=int(steps.episode_length[h, j]), success=bool(steps.success[h, j]),
+                    )))
+            term |= te & live
+            trunc |= tr & live & ~te
+            ended |= now
+        return {"reward": reward, "terms": terms, "term": term, "trunc": trunc, "final": final,
+                "episodes": episodes}
+
+    def _collect(self, num_decisions: int, mode: ActMode, group_ids: Tensor | None, stop_when_all_ended: bool) -> Rollout:
+        b = self.env.num_envs
+        steps_before = self.total_env_steps
+        groups = self.pipeline_groups
+        if groups is not None:
+            obs_list, outs, chunks, values, valid = self._decisions_pipelined(
+                groups, num_decisions, mode, stop_when_all_ended)
+        else:
+            obs_list, outs, chunks, values, valid = self._decisions_sequential(num_decisions, mode, stop_when_all_ended)
+        episodes = [e for c in chunks for e in c["episodes"]]
         # Successor values: the next decision's value, the final obs's value where truncated, 0 where terminated.
         last_value = self._value(self._obs) if self.use_critic else torch.zeros(b)
         next_values = torch.stack(values[1:] + [last_value])

@@ -108,6 +108,9 @@ class TrainConfig:
     """Save a checkpoint every this many iterations."""
     keep_last: int = 3
     """Checkpoints kept (plus ``best``)."""
+    smoke: bool = False
+    """Shrink the run to a CPU smoke test (few tiny envs, a tiny offline policy, 1-2 iterations); the
+    preset's env, policy type, sampler and algorithm are kept. See :mod:`vla_rl.smoke`."""
 
     def __post_init__(self) -> None:
         if self.algo.name not in ALGORITHMS:

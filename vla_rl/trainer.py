@@ -29,6 +29,7 @@ from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.evaluation import EvalResult, evaluate_episodes
 from vla_rl.rollout import RolloutEngine
 from vla_rl.run_logging import RunLogger
+from vla_rl.smoke import apply_smoke, build_smoke_policy
 from vla_rl.train_config import TrainConfig, policy_options, policy_type
 
 TRAIN_SEED_STRIDE = 1000  # iteration k trains on seeds seed*1e6 + k*stride + i
@@ -51,14 +52,25 @@ def spec_fields(spec: EnvSpec) -> dict[str, Any]:
 
 
 def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
-    """A fresh policy sized for ``spec``, or the checkpoint at ``policy.path`` (with this run's sampler)."""
+    """A fresh policy sized for ``spec``, or the checkpoint at ``policy.path`` (with this run's sampler).
+
+    With ``cfg.smoke``, policies that :mod:`vla_rl.smoke` replaces by a tiny offline model come from there.
+    """
     options = policy_options(cfg.policy)
     if cfg.policy.path:
         overrides = {"sampler": options["sampler"]} if "sampler" in options else {}
         return load_policy(cfg.policy.path, **overrides)
-    entry = POLICIES.get(policy_type(cfg.policy))
+    name = policy_type(cfg.policy)
+    tiny = build_smoke_policy(name, options, spec) if cfg.smoke else None
+    if tiny is not None:
+        return tiny
+    entry = POLICIES.get(name)
     names = {f.name for f in dataclasses.fields(entry.config)}
-    options.update({k: v for k, v in spec_fields(spec).items() if k in names})
+    derived = spec_fields(spec)
+    chosen = options.get("cameras")
+    if chosen and set(chosen) <= set(derived["cameras"]):  # a selection of the env's cameras is kept
+        derived["cameras"] = tuple(chosen)
+    options.update({k: v for k, v in derived.items() if k in names})
     return entry.obj(entry.config(**options))
 
 
@@ -66,6 +78,7 @@ class Trainer:
     """Run :class:`TrainConfig` (see module doc). ``run()`` returns the final evaluation."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        cfg = apply_smoke(cfg)
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"

@@ -99,3 +99,14 @@ def test_wilson_interval_values():
     lo, hi = wilson_interval(50, 100)
     assert abs(lo - 0.4038) < 1e-3 and abs(hi - 0.5962) < 1e-3
     assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+
+
+def test_update_skips_when_dynamic_sampling_drops_every_group():
+    env = _env(n=4, steps=3, goal=100.0)  # nobody succeeds: every group has success rate 0
+    policy = GaussianPolicy(2, 1, horizon=2)
+    learner = GRPOLearner(AlgoConfig(name="grpo", group_size=2, decisions_per_iter=3), policy)
+    engine = RolloutEngine(env, policy, use_critic=False)
+    before = [p.detach().clone() for p in policy.parameters()]
+    stats = learner.update(learner.collect(engine, [1, 2]))
+    assert stats == {"update/skipped": 1.0}
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))

@@ -136,14 +136,14 @@ class Learner:
         cfg = self.cfg
         adv, returns, mask = self.advantages(rollout)
         warmup = self.uses_critic and self.iteration < cfg.critic_warmup_iters
-        if cfg.normalize_advantages:
-            adv = normalize_advantages(adv, mask)
         flat = mask.flatten().nonzero().flatten()
         n = flat.numel()
         stats: dict[str, list[float]] = {}
-        if n == 0:
+        if n == 0:  # e.g. dynamic sampling dropped every group
             self.iteration += 1
             return {"update/skipped": 1.0}
+        if cfg.normalize_advantages:
+            adv = normalize_advantages(adv, mask)
         self.policy.train()
         old_logp = rollout.logp.flatten(0, 1)
         old_values = rollout.values.flatten()
