@@ -37,6 +37,8 @@ class SFTConfig:
     """Use only the first this many episodes of the dataset (few-shot); 0 = all."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
+    image_shift: int = 4
+    """Random-shift augmentation: pad camera images by this many pixels (edge) and crop back at a random offset."""
 
 
 @dataclass
@@ -99,6 +101,20 @@ def load_demo_chunks(root: str | Path, horizon: int, episodes: int = 0) -> DemoC
     return DemoChunks(obs=obs, actions=acts[idx], mask=same, episodes=keep)
 
 
+def random_shift(images: Tensor, pad: int, generator: torch.Generator) -> Tensor:
+    """Shift each ``uint8 [B, H, W, 3]`` image by up to ``pad`` pixels (edge padding), one offset per image."""
+    if pad <= 0:
+        return images
+    b, h, w, _ = images.shape
+    padded = torch.nn.functional.pad(images.permute(0, 3, 1, 2).float(), (pad, pad, pad, pad), mode="replicate")
+    dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
+    rows = (dy[:, None] + torch.arange(h)[None, :])[:, None, :, None].expand(b, 3, h, w + 2 * pad)
+    cropped = padded.gather(2, rows)
+    cols = (dx[:, None] + torch.arange(w)[None, :])[:, None, None, :].expand(b, 3, h, w)
+    return cropped.gather(3, cols).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+
 def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, log: Any = None) -> dict[str, float]:
     """Imitation pre-training with ``policy.sft_loss``; normalization is fitted on ``data`` first.
 
@@ -120,6 +136,9 @@ def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, lo
         for step in bar:
             idx = torch.randint(0, len(data), (bs,), generator=gen)
             obs, actions, mask = data.batch(idx)
+            for k in obs:
+                if k.startswith(OBS_IMAGE_PREFIX):
+                    obs[k] = random_shift(obs[k], cfg.image_shift, gen)
             loss = policy.sft_loss(obs, actions, mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -45,6 +45,8 @@ class CompactFlowConfig:
     """Channels of the per-camera CNN (each conv halves the resolution)."""
     image_tokens: int = 4
     """The CNN feature map is pooled to ``image_tokens x image_tokens`` tokens per camera."""
+    keypoints: int = 16
+    """Spatial-softmax keypoint tokens per camera (expected x, y of K learned maps); 0 disables."""
     text_encoder: TextEncoderKind = TextEncoderKind.MINILM
     """``minilm`` (frozen pretrained) or ``hashed`` (learned fallback)."""
     text_buckets: int = 4096

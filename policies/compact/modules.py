@@ -40,9 +40,13 @@ class ImageEncoder(nn.Module):
         channels: conv channels, each conv has stride 2.
         grid: the feature map is average-pooled to ``grid x grid`` tokens.
         width: token width.
+        keypoints: K extra tokens from a spatial softmax over K learned feature
+            maps: each token embeds the expected image coordinates ``(x, y)`` of
+            its map, which localizes small objects far more precisely than
+            pooled features (0 disables).
     """
 
-    def __init__(self, channels: tuple[int, ...], grid: int, width: int) -> None:
+    def __init__(self, channels: tuple[int, ...], grid: int, width: int, keypoints: int = 0) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         c_in = 3
@@ -54,12 +58,29 @@ class ImageEncoder(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(grid)
         self.proj = nn.Linear(c_in, width)
         self.pos = nn.Parameter(torch.randn(grid * grid, width) * 0.02)
+        self.keypoints = keypoints
+        if keypoints:
+            self.kp_maps = nn.Conv2d(c_in, keypoints, 1)
+            self.kp_proj = nn.Linear(2, width)
+            self.kp_embed = nn.Parameter(torch.randn(keypoints, width) * 0.02)
 
     def forward(self, images: Tensor) -> Tensor:
-        """Encode ``uint8 [B, H, W, 3]`` RGB images to ``[B, grid^2, width]``."""
+        """Encode ``uint8 [B, H, W, 3]`` RGB images to ``[B, grid^2 (+ keypoints), width]``."""
         x = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        x = self.pool(self.conv(x)).flatten(2).transpose(1, 2)
-        return self.proj(x) + self.pos
+        features = self.conv(x)
+        tokens = self.proj(self.pool(features).flatten(2).transpose(1, 2)) + self.pos
+        if not self.keypoints:
+            return tokens
+        return torch.cat([tokens, self.kp_proj(spatial_softmax(self.kp_maps(features))) + self.kp_embed], dim=1)
+
+
+def spatial_softmax(maps: Tensor) -> Tensor:
+    """Expected ``(x, y)`` in ``[-1, 1]`` of a softmax over each map: ``[B, K, H, W] -> [B, K, 2]``."""
+    b, k, h, w = maps.shape
+    attn = maps.flatten(2).softmax(-1).view(b, k, h, w)
+    ys = torch.linspace(-1.0, 1.0, h, device=maps.device)
+    xs = torch.linspace(-1.0, 1.0, w, device=maps.device)
+    return torch.stack([(attn.sum(2) * xs).sum(-1), (attn.sum(3) * ys).sum(-1)], dim=-1)
 
 
 class ActionExpert(nn.Module):
@@ -113,17 +134,17 @@ class PrefixEncoder(nn.Module):
 
     Args:
         num_cameras: number of cameras (one CNN each).
-        channels, grid: CNN settings (see :class:`ImageEncoder`).
+        channels, grid, keypoints: CNN settings (see :class:`ImageEncoder`).
         text_dim: width of the instruction embedding.
         width, heads, layers: the prefix transformer.
     """
 
     def __init__(
         self, num_cameras: int, channels: tuple[int, ...], grid: int, text_dim: int, width: int, heads: int,
-        layers: int,
+        layers: int, keypoints: int = 0,
     ) -> None:
         super().__init__()
-        self.cameras = nn.ModuleList(ImageEncoder(channels, grid, width) for _ in range(num_cameras))
+        self.cameras = nn.ModuleList(ImageEncoder(channels, grid, width, keypoints) for _ in range(num_cameras))
         self.camera_embed = nn.Parameter(torch.randn(num_cameras + 1, width) * 0.02)
         self.text_proj = nn.Linear(text_dim, width)
         self.encoder: nn.Module

@@ -69,7 +69,7 @@ class CompactFlowPolicy(FlowPolicy):
             self.hashed_text = HashedBagOfWords(c.text_buckets, c.width)
             text_dim = c.width
         self.prefix = PrefixEncoder(
-            len(c.cameras), c.cnn_channels, c.image_tokens, text_dim, c.width, c.heads, c.prefix_layers
+            len(c.cameras), c.cnn_channels, c.image_tokens, text_dim, c.width, c.heads, c.prefix_layers, c.keypoints
         )
         self.expert = ActionExpert(c.state_dim, c.action_dim, c.chunk_size, c.width, c.heads, c.expert_layers)
         self.register_buffer("state_mean", torch.zeros(c.state_dim))
