@@ -108,6 +108,7 @@ def run_rate(hz: float, seconds: float, domain: int, limits: dict, camera: bool)
         raise RuntimeError(f"{hz} Hz run stopped: {report.stop_reason}")
     out = dict(report.timing)
     out["_overruns"] = report.overruns  # type: ignore[assignment]
+    out["_sent"] = report.commands_sent + report.holds_sent  # type: ignore[assignment]
     return out, started
 
 
@@ -160,9 +161,14 @@ def main() -> None:
         "",
     ]
     for hz, timing in sections:
-        overruns = timing.pop("_overruns")
+        overruns, sent = timing.pop("_overruns"), timing.pop("_sent")
         period_ms = 1e3 / hz
-        md += [f"### {hz:g} Hz (period {period_ms:.1f} ms, {overruns} missed ticks)", "", TABLE_HEADER]
+        got = timing["transport"].n
+        md += [
+            f"### {hz:g} Hz (period {period_ms:.1f} ms, {overruns} missed ticks, {got}/{sent} commands arrived)",
+            "",
+            TABLE_HEADER,
+        ]
         md += [s.row(name) for name, s in timing.items()]
         md.append("")
     text = "\n".join(md)
