@@ -17,7 +17,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 def _load_commands() -> None:
     # Importing a command module registers it.
-    from vla_rl.commands import collect, quickstart, rollout, train  # noqa: F401
+    from vla_rl.commands import collect, deploy, quickstart, rollout, train  # noqa: F401
 
 
 def preset_path(name: str) -> Path:
@@ -115,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> object:
         print(f"vla-rl: {COMMANDS.unknown_message(name)}", file=sys.stderr)
         raise SystemExit(2)
     entry = COMMANDS.get(name)
+    if entry.config is None:  # the command parses its own arguments
+        return entry.obj(rest)
     cfg = parse_config(entry.config, rest)
     import torch
 

@@ -95,7 +95,7 @@ def test_deploy_drives_simulated_arm_over_ros2_and_records(tmp_path, ros_domain)
 
     # commands are applied: the arm received (nearly) every command and tracks them
     sent = report.commands_sent + report.holds_sent
-    assert len(log) >= 0.9 * sent
+    assert len(log) >= 0.95 * sent  # connect waited for the arm to subscribe: none lost to discovery
     assert all(c["type"] == "trajectory" and len(c["positions"]) <= 3 for c in log)
     firsts = assert_commands_within_envelope(log, sim.lower, sim.upper, MAX_DELTA)
     assert max(len(c["positions"]) for c in log) == 3  # look-ahead points were sent
@@ -149,6 +149,6 @@ def test_connect_names_the_silent_topic(ros_domain):
             connect_timeout_s=1.0,
         )
     )
-    with pytest.raises(ConnectionError, match="/nobody_publishes_this"):
+    with pytest.raises(ConnectionError, match=r"/nobody_publishes_this .*no controller subscribed"):
         adapter.connect()
     assert not adapter.is_connected
