@@ -115,9 +115,8 @@ def main(argv: Sequence[str] | None = None) -> object:
         print(f"vla-rl: {COMMANDS.unknown_message(name)}", file=sys.stderr)
         raise SystemExit(2)
     entry = COMMANDS.get(name)
-    if entry.config is None:  # the command parses its own arguments
-        return entry.obj(rest)
-    cfg = parse_config(entry.config, rest)
+    # A command registered without a config parses its own arguments.
+    cfg = rest if entry.config is None else parse_config(entry.config, rest)
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -66,7 +66,8 @@ def test_task_family_is_listed_without_importing_mujoco():
     ids = [e for e in list_envs() if e.startswith("mujoco/")]
     for wanted in ("mujoco/pick-red", "mujoco/pick-blue", "mujoco/push-blue-to-pad", "mujoco/stack-red-on-green"):
         assert wanted in ids
-    assert "mujoco/multi" in ids and len(ids) == len(TASKS) + 1
+    skill_ids = ["mujoco/pick-any", "mujoco/push-any", "mujoco/stack-any"]
+    assert "mujoco/multi" in ids and all(i in ids for i in skill_ids) and len(ids) == len(TASKS) + 1 + len(skill_ids)
     code = (
         "import sys; from sim.backends.mujoco import MujocoBackend; "
         "assert MujocoBackend().tasks(); assert 'mujoco' not in sys.modules, 'listing imported mujoco'"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,6 @@ import pytest
 from vla_rl.cli import CONFIG_DIR, parse_config
 from vla_rl.smoke import MAX_ENVS, apply_smoke
 from vla_rl.train_config import TrainConfig, policy_type
-from vla_rl.trainer import Trainer
 
 TRAIN_PRESETS = {
     "maniskill_pi0_flowsde_ppo": ("pi0", "ppo"),
@@ -58,10 +59,14 @@ def test_published_settings_in_presets():
 
 
 def _smoke_run(name: str, tmp_path: Path) -> dict:
-    cfg = parse_config(TrainConfig, ["--preset", name, "--smoke", "true", "--iterations", "1",
-                                     "--run_dir", str(tmp_path / name)])
-    result = Trainer(cfg).run()
-    assert result["after"] is not None and result["after"].episodes >= 1
+    # A fresh process, as a user runs it (LIBERO, for one, binds its config folder once per process).
+    proc = subprocess.run(
+        [sys.executable, "-m", "vla_rl.cli", "train", "--preset", name, "--smoke", "true", "--iterations", "1",
+         "--run_dir", str(tmp_path / name)], capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / name / "eval_after.json").read_text())
+    assert result["episodes"] >= 1
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert any("update/loss" in r or "update/skipped" in r for r in rows), rows
     assert (tmp_path / name / "checkpoints" / "iter_000001").is_dir()

@@ -7,11 +7,11 @@ import json
 from vla_rl.cli import main
 
 TOY = [
-    "--env.num_envs", "2", "--env.image_size", "32",
+    "--env.id", "mujoco/pick-any", "--env.num_envs", "2", "--env.image_size", "32", "--env.max_episode_steps", "24",
     "--policy.width", "32", "--policy.heads", "2", "--policy.chunk_size", "4", "--policy.text_encoder", "hashed",
     "--policy.cnn_channels", "[8,16]", "--policy.image_tokens", "2", "--policy.sampler.num_steps", "2",
     "--sft.steps", "10", "--sft.episodes", "2", "--demos", "2", "--iterations", "2", "--eval_episodes", "4",
-    "--algo.decisions_per_iter", "2", "--algo.epochs", "1", "--algo.minibatch_size", "4", "--algo.critic_warmup_iters", "1",
+    "--algo.decisions_per_iter", "6", "--algo.epochs", "1", "--algo.minibatch_size", "4", "--algo.critic_warmup_iters", "1",
 ]
 
 
@@ -24,7 +24,7 @@ def test_quickstart_toy_pipeline(tmp_path, capsys):
     for key in ("success_before", "success_after", "success_before_ci", "success_after_ci",
                 "episodes_per_eval", "env_id", "wall_seconds"):
         assert key in report, key
-    assert report["episodes_per_eval"] == 4 and report["env_id"] == "mujoco/multi"
+    assert report["episodes_per_eval"] == 4 and report["env_id"] == "mujoco/pick-any"
     assert 0 <= report["success_before"] <= 1 and report["success_before_ci"][0] <= report["success_before"]
     assert (run / "report.md").read_text().startswith("# ")
     assert {p.name for p in (run / "plots").glob("*.png")} >= {"success.png", "return.png", "losses.png"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ TINY = [
     "--policy.type", "compact-flow", "--policy.width", "32", "--policy.heads", "2", "--policy.chunk_size", "4",
     "--policy.text_encoder", "hashed", "--policy.cnn_channels", "[8,16]", "--policy.image_tokens", "2",
     "--policy.sampler.num_steps", "2", "--policy.value_hidden", "32",
-    "--algo.decisions_per_iter", "2", "--algo.epochs", "1", "--algo.minibatch_size", "4", "--algo.critic_warmup_iters", "1",
+    "--algo.decisions_per_iter", "4", "--algo.epochs", "1", "--algo.minibatch_size", "4", "--algo.critic_warmup_iters", "1",
     "--eval.episodes", "2", "--eval.every", "0", "--eval.video", "false",
     "--logging.wandb", "false", "--logging.tensorboard", "false",
 ]
@@ -62,22 +62,21 @@ def _metric_rows(run_dir: Path) -> dict[int, dict]:
 
 def test_sigkill_mid_iteration_then_resume_continues_exactly(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    p = _train(straight, 4)
+    p = _train(straight, 8)
     out = p.communicate(timeout=600)[0]
     assert p.returncode == 0, out
 
-    p = _train(killed, 4)
+    p = _train(killed, 8)
     target = killed / "checkpoints" / "iter_000002" / "trainer.pt"
     deadline = time.time() + 600
     while not target.exists() and p.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert target.exists(), p.communicate()[0]
-    time.sleep(0.3)  # into iteration 3
-    p.send_signal(signal.SIGKILL)
+    p.send_signal(signal.SIGKILL)  # somewhere in iterations 3..8
     p.wait()
-    assert not (killed / "checkpoints" / "iter_000004").exists()
+    assert not (killed / "checkpoints" / "iter_000008").exists()
 
-    p = _train(killed, 4, resume=True)
+    p = _train(killed, 8, resume=True)
     out = p.communicate(timeout=600)[0]
     assert p.returncode == 0 and "resuming" in out, out
 
@@ -89,6 +88,11 @@ def test_sigkill_mid_iteration_then_resume_continues_exactly(tmp_path):
                 assert b[step].get(key, 0) is None, (step, key)
             else:
                 assert b[step].get(key) == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
-    wa = torch.load(straight / "checkpoints" / "iter_000004" / "trainer.pt", weights_only=False)
-    wb = torch.load(killed / "checkpoints" / "iter_000004" / "trainer.pt", weights_only=False)
+    wa = torch.load(straight / "checkpoints" / "iter_000008" / "trainer.pt", weights_only=False)
+    wb = torch.load(killed / "checkpoints" / "iter_000008" / "trainer.pt", weights_only=False)
     assert torch.equal(wa["rng"]["torch"], wb["rng"]["torch"])
+    from safetensors.torch import load_file
+
+    pa = load_file(straight / "checkpoints" / "iter_000008" / "policy" / "model.safetensors")
+    pb = load_file(killed / "checkpoints" / "iter_000008" / "policy" / "model.safetensors")
+    assert pa.keys() == pb.keys() and all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
