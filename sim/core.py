@@ -145,8 +145,8 @@ class VecEnv(abc.ABC):
         self._seed = None
         return seed
 
-    def check_actions(self, actions: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """Validate ``actions`` against the spec and return a float32 tensor.
+    def check_actions(self, actions: torch.Tensor | np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Validate ``actions`` against the spec and return a float32 tensor on ``device``.
 
         Raises:
             EnvError: naming the env id, the expected shape and the one given.
@@ -161,7 +161,7 @@ class VecEnv(abc.ABC):
                 f"{self.spec.env_id}: action shape mismatch: expected {list(expected)} "
                 f"([num_envs, action_dim]), got {list(actions.shape)}"
             )
-        return actions.detach().to("cpu", torch.float32)
+        return actions.detach().to(device, torch.float32)
 
     def __enter__(self) -> VecEnv:
         return self

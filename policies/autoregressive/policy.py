@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from policies.autoregressive.action_tokenizer import ActionTokenizer
@@ -45,9 +42,11 @@ from policies.io import (
     WEIGHTS_FILE,
     CheckpointError,
     ObservationError,
+    atomic_directory,
     config_from_dict,
     config_to_dict,
     image_key,
+    save_tensors,
 )
 from policies.registry import POLICIES
 
@@ -281,25 +280,10 @@ class AutoregressiveVLAPolicy(Policy):
         The files are written to a temporary sibling folder that then replaces
         ``directory``, so an interrupted save never leaves a partial checkpoint.
         """
-        target = Path(directory).resolve()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
+        with atomic_directory(directory) as tmp:
             (tmp / CONFIG_FILE).write_text(json.dumps(config_to_dict(self.config, POLICY_TYPE), indent=2) + "\n")
-            own = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()
-                   if not k.startswith("backbone.")}
-            save_file(own, str(tmp / WEIGHTS_FILE))
+            save_tensors(tmp / WEIGHTS_FILE, {k: v for k, v in self.state_dict().items() if not k.startswith("backbone.")})
             self.backbone.save(tmp / VLM_DIR)
-            old = None
-            if target.exists():
-                old = target.parent / f".{target.name}.old-{os.getpid()}"
-                os.replace(target, old)
-            os.replace(tmp, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | Path, **overrides: Any) -> AutoregressiveVLAPolicy:

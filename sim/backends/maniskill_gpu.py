@@ -123,23 +123,9 @@ class ManiSkillGPUVecEnv(VecEnv):
         obs[TASK] = list(self._instructions)
         return obs
 
-    def check_actions(self, actions: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """Validate ``actions [num_envs, A]`` and return them as float32 on the sim device.
-
-        Raises:
-            EnvError: naming the env id, the expected shape and the one given.
-        """
-        if isinstance(actions, np.ndarray):
-            actions = torch.from_numpy(actions)
-        if not isinstance(actions, torch.Tensor):
-            raise EnvError(f"{self.spec.env_id}: actions must be a tensor, got {type(actions).__name__}")
-        expected = (self.num_envs, *self.spec.action.shape)
-        if tuple(actions.shape) != expected:
-            raise EnvError(
-                f"{self.spec.env_id}: action shape mismatch: expected {list(expected)} "
-                f"([num_envs, action_dim]), got {list(actions.shape)}"
-            )
-        return actions.detach().to(self.device, torch.float32)
+    def check_actions(self, actions: torch.Tensor | np.ndarray, device: torch.device | str | None = None) -> torch.Tensor:
+        """Validate ``actions [num_envs, A]`` and return them as float32 on the sim device."""
+        return super().check_actions(actions, self.device if device is None else device)
 
     # ------------------------------------------------------------ contract
 

@@ -12,13 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vla_rl.algorithms.advantages import expand_mask, masked_mean
-
-
-def _check_float(name: str, x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a floating-point tensor, got {got}")
+from vla_rl.algorithms.advantages import _check_float, expand_mask, masked_mean
 
 
 def _check_same_shape(ref_name: str, ref: torch.Tensor, others: tuple[tuple[str, torch.Tensor], ...] = ()) -> None:
