@@ -56,6 +56,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_report import write_section  # noqa: E402
 
 SECTION = "## Simulator throughput"
 ACTION_SEED_OFFSET = 1000
@@ -504,24 +507,6 @@ def markdown(results: list[Result], command: str, wall_s: float) -> str:
     return "\n".join(lines + notes) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace (or append) the ``## Simulator throughput`` section of ``path``, keeping other sections."""
-    if path.exists():
-        text = path.read_text()
-    else:
-        text = "# Benchmarks\n\nMeasured on a 2-core machine with no GPU (CPU-only, shared with other jobs).\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
-    if start is None:
-        out = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        tail = "".join(lines[end:])
-        out = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(out)
-
-
 def main() -> None:
     """Parse flags, run the selected cases, print (and optionally write) the markdown section."""
     p = argparse.ArgumentParser(description="steps/s of sim.make_env vs the raw simulator, interleaved")
@@ -557,7 +542,7 @@ def main() -> None:
     section = markdown(results, command.strip(), time.perf_counter() - t0)
     print(section)
     if args.write:
-        write_section(args.write, section)
+        write_section(args.write, SECTION, section.split("\n", 1)[1] if section.startswith(SECTION) else section)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_report import write_section  # noqa: E402
 
 from policies.base import ActMode, Policy  # noqa: E402
 from policies.compact import CompactFlowConfig, CompactFlowPolicy  # noqa: E402
@@ -226,22 +229,6 @@ def rollout_markdown(res: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------ output
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace (or append) :data:`SECTION` in ``path``, leaving other sections intact."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    new = [SECTION, "", *body.strip("\n").splitlines(), ""]
-    if start is None:
-        out = [*lines, ""] if lines and lines[-1].strip() else list(lines)
-        out += new
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        out = lines[:start] + new + lines[end:]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out).rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=32, help="observations per update step")
@@ -270,7 +257,7 @@ def main(argv: list[str] | None = None) -> str:
     ])
     print(f"{SECTION}\n\n{body}")
     if args.write is not None:
-        write_section(args.write, body)
+        write_section(args.write, SECTION, body)
         print(f"\nwrote {args.write}")
     return body
 
