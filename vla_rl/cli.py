@@ -100,8 +100,14 @@ def _with_choice_types(config_class: type, args: list[str], config_path: str | N
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> object:
-    """Entry point of the ``vla-rl`` console script."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``vla-rl`` console script: run the command, exit 0 (errors exit non-zero)."""
+    run(argv)
+    return 0
+
+
+def run(argv: Sequence[str] | None = None) -> object:
+    """Run ``vla-rl <command> ...`` and return the command's result (used by tests and notebooks)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     from vla_rl.commands import COMMANDS
@@ -136,4 +142,4 @@ def main(argv: Sequence[str] | None = None) -> object:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vla_rl.cli import main, parse_config
+from vla_rl.cli import run, parse_config
 from vla_rl.config import CollectConfig, RolloutConfig
 
 
@@ -46,20 +46,20 @@ def test_misspelled_cli_key_fails():
 
 def test_unknown_command_and_preset(capsys):
     with pytest.raises(SystemExit):
-        main(["rollotu"])
+        run(["rollotu"])
     assert "Did you mean rollout" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="unknown preset 'nope'"):
         parse_config(CollectConfig, ["--preset", "nope"])
 
 
 def test_envs_lists_every_backend(capsys):
-    ids = main(["envs"])
+    ids = run(["envs"])
     for prefix in ("maniskill/", "libero/", "mujoco/", "gym_hil/", "lerobot_env_so101/"):
         assert any(i.startswith(prefix) for i in ids), prefix
 
 
 def test_rollout_expert_with_video(tmp_path):
-    stats = main([
+    stats = run([
         "rollout", "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--policy", "expert",
         "--episodes", "2", "--video", "true", "--output_dir", str(tmp_path),
     ])
@@ -76,7 +76,7 @@ def test_rollout_expert_with_video(tmp_path):
 
 def test_collect_writes_a_lerobot_dataset(tmp_path):
     root = tmp_path / "demos"
-    stats = main([
+    stats = run([
         "collect", "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--episodes", "2",
         "--output", str(root),
     ])
@@ -93,4 +93,11 @@ def test_collect_writes_a_lerobot_dataset(tmp_path):
     last = ds[len(ds) - 1]
     assert bool(last["next.success"].item())
     with pytest.raises(SystemExit):  # refuses to overwrite an existing dataset
-        main(["collect", "--env.id", "mujoco/pick-red", "--episodes", "1", "--output", str(root)])
+        run(["collect", "--env.id", "mujoco/pick-red", "--episodes", "1", "--output", str(root)])
+
+
+def test_console_command_exits_zero_and_prints_only_its_output():
+    proc = subprocess.run([sys.executable, "-m", "vla_rl.cli", "envs", "--prefix", "gym_hil/"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["gym_hil/PandaPickCube-v0", "gym_hil/PandaArrangeBoxes-v0"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vla_rl.cli import main
+from vla_rl.cli import run as vla_rl
 
 TOY = [
     "--env.id", "mujoco/pick-any", "--env.num_envs", "2", "--env.image_size", "32", "--env.max_episode_steps", "24",
@@ -18,7 +18,7 @@ TOY = [
 def test_quickstart_toy_pipeline(tmp_path, capsys):
     cache = tmp_path / "demo-cache"
     run = tmp_path / "run"
-    summary = main(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(run)])
+    summary = vla_rl(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(run)])
     report = json.loads((run / "report.json").read_text())
     assert report == json.loads(json.dumps(summary))
     for key in ("success_before", "success_after", "success_before_ci", "success_after_ci",
@@ -36,7 +36,7 @@ def test_quickstart_toy_pipeline(tmp_path, capsys):
     assert "collecting 2 expert demos" in out and "report:" in out
 
     # A second run reuses the cached demos.
-    main(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(tmp_path / "run2"), "--iterations", "1"])
+    vla_rl(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(tmp_path / "run2"), "--iterations", "1"])
     assert "reusing cached demos" in capsys.readouterr().out
 
 
