@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=16, help="envs per act() call")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median)")
     parser.add_argument("--only", default="", help="comma-separated row names (prefix match)")
+    parser.add_argument("--write", type=Path, default=None, help="replace the '## Policy latency' section of this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     for provider in PROVIDERS:
@@ -208,7 +209,13 @@ def main(argv: list[str] | None = None) -> None:
     wanted = [w for w in args.only.split(",") if w]
     selected = [c for c in CASES if not wanted or any(c.name.startswith(w) for w in wanted)]
     rows = [measure(c, args.batch, args.repeats) for c in selected]
-    print(markdown_table(rows, args.batch))
+    table = markdown_table(rows, args.batch)
+    print(table)
+    if args.write:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_report import write_section
+
+        write_section(args.write, "## Policy latency", f"`python benchmarks/policy_latency.py`\n\n{table}")
 
 
 if __name__ == "__main__":
