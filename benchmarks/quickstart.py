@@ -1,0 +1,122 @@
+"""``vla-rl quickstart`` end to end for several seeds: success before / after RL and wall time.
+
+    OMP_NUM_THREADS=1 python benchmarks/quickstart.py [--seeds 0 1 2] [--write docs/benchmarks.md] [-- QUICKSTART ARGS]
+
+Each seed runs the real command (``python -m vla_rl.cli quickstart --seed S``, defaults unless extra
+arguments follow ``--``) in a fresh run folder under ``--runs`` and in its own process, so its wall
+time includes demo collection (a per-seed demo cache inside the run folder, i.e. never reused),
+pre-training, critic warmup, PPO and both evaluations. The goal of the issue "quickstart": every seed
+finishes in <= 15 min and gains ``success_after - success_before >= 0.20`` over >= 100 held-out
+episodes per evaluation.
+
+``--write FILE`` replaces (or appends) the section ``## Quickstart`` of a markdown file, leaving its
+other sections intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_report import write_section  # noqa: E402
+
+SECTION = "## Quickstart"
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET_S = 15 * 60
+MIN_GAIN = 0.20
+MIN_EPISODES = 100
+
+
+def run_seed(seed: int, runs: Path, extra: list[str]) -> dict:
+    """Run the quickstart for ``seed`` in ``runs/seed<seed>``; return its report plus the measured wall time."""
+    run_dir = runs / f"seed{seed}"
+    cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--seed", str(seed), "--run_dir", str(run_dir),
+           "--demo_cache", str(run_dir / "demos"), *extra]
+    print("$", " ".join(cmd), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env)
+    wall = time.perf_counter() - t
+    report = run_dir / "report.json"
+    if proc.returncode != 0 or not report.exists():
+        return {"seed": seed, "failed": f"exit code {proc.returncode}", "wall": wall}
+    return {**json.loads(report.read_text()), "wall": wall}
+
+
+def _ci(lo_hi: list[float]) -> str:
+    return f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f}"
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| seed | success before [95% CI] | success after [95% CI] | gain | episodes / eval | wall s | ok |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if "failed" in r:
+            lines.append(f"| {r['seed']} | - | - | - | - | {r['wall']:.0f} | no ({r['failed']}) |")
+            continue
+        gain = r["success_after"] - r["success_before"]
+        ok = gain >= MIN_GAIN and r["episodes_per_eval"] >= MIN_EPISODES and r["wall"] <= BUDGET_S
+        lines.append(
+            f"| {r['seed']} | {r['success_before']:.2f} [{_ci(r['success_before_ci'])}] "
+            f"| {r['success_after']:.2f} [{_ci(r['success_after_ci'])}] | {gain:+.2f} | {r['episodes_per_eval']} "
+            f"| {r['wall']:.0f} | {'yes' if ok else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--runs", type=Path, default=None, help="parent folder of the run folders (default: new)")
+    parser.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
+    args = parser.parse_args(argv)
+    runs = args.runs or ROOT / "runs" / f"bench-quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows = [run_seed(s, runs, extra) for s in args.seeds]
+    ok_rows = [r for r in rows if "failed" not in r]
+    cfg = ok_rows[0]["config"] if ok_rows else {}
+    env_id = cfg.get("env", {}).get("id", "?")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    passed = sum(
+        1 for r in ok_rows
+        if r["success_after"] - r["success_before"] >= MIN_GAIN and r["episodes_per_eval"] >= MIN_EPISODES
+        and r["wall"] <= BUDGET_S
+    )
+    body = "\n".join([
+        f"`python benchmarks/quickstart.py --write docs/benchmarks.md{' -- ' + ' '.join(extra) if extra else ''}`: "
+        f"`vla-rl quickstart` (defaults{', plus ' + ' '.join(extra) if extra else ''}) on `{env_id}` for seeds "
+        f"{', '.join(map(str, args.seeds))}, one process per seed, fresh demos each. Success = held-out episodes "
+        "solved by the deterministic (ODE) policy before and after Flow-SDE PPO, same seeds for both; 95% Wilson "
+        "CI. Wall time covers demos, pre-training, RL and both evaluations. "
+        f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch {torch.__version__}, no GPU, "
+        f"OMP_NUM_THREADS=1, load average {load:.1f} at the end.",
+        "",
+        table(rows),
+        "",
+        f"Target per seed: gain >= {MIN_GAIN:.2f}, >= {MIN_EPISODES} episodes per evaluation, <= {BUDGET_S // 60} "
+        f"min wall: met by {passed} of {len(rows)} seeds.",
+    ])
+    print("\n" + body)
+    if args.write is not None:
+        write_section(args.write, SECTION, body)
+        print(f"\nwrote {args.write}")
+
+
+if __name__ == "__main__":
+    main()
