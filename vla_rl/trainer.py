@@ -74,6 +74,22 @@ def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
     return entry.obj(entry.config(**options))
 
 
+def check_episode_fits(cfg: TrainConfig, spec: EnvSpec, exec_steps: int) -> None:
+    """With ``reset_every_iteration``, one iteration must cover a whole episode of ``spec``.
+
+    Raises:
+        ConfigError: naming ``algo.decisions_per_iter`` and the episode length.
+    """
+    horizon = cfg.algo.decisions_per_iter * exec_steps
+    if cfg.reset_every_iteration and horizon < spec.max_episode_steps:
+        raise ConfigError(
+            f"algo.decisions_per_iter ({cfg.algo.decisions_per_iter}) x exec steps ({exec_steps}) = {horizon} "
+            f"env steps per iteration is shorter than an episode of {spec.env_id} ({spec.max_episode_steps} "
+            "steps): with reset_every_iteration no episode could finish. Raise algo.decisions_per_iter or "
+            "lower env.max_episode_steps."
+        )
+
+
 class Trainer:
     """Run :class:`TrainConfig` (see module doc). ``run()`` returns the final evaluation."""
 
@@ -143,14 +159,7 @@ class Trainer:
               start_iter: int, env_steps: int, best: float | None) -> dict[str, Any]:
         cfg = self.cfg
         engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
-        horizon = cfg.algo.decisions_per_iter * engine.exec_steps
-        if cfg.reset_every_iteration and horizon < env.spec.max_episode_steps:
-            raise ConfigError(
-                f"algo.decisions_per_iter ({cfg.algo.decisions_per_iter}) x exec steps ({engine.exec_steps}) = {horizon} "
-                f"env steps per iteration is shorter than an episode of {env.spec.env_id} ({env.spec.max_episode_steps} "
-                "steps): with reset_every_iteration no episode could finish. Raise algo.decisions_per_iter or "
-                "lower env.max_episode_steps."
-            )
+        check_episode_fits(cfg, env.spec, engine.exec_steps)
         engine.total_env_steps = env_steps
         first = last = None
         if start_iter == 0:

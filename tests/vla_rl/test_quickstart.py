@@ -66,3 +66,25 @@ def test_ctrl_c_during_rl_then_resume_finishes(tmp_path):
     assert "resuming" in p.stdout and "reusing pre-trained policy" in p.stdout
     report = json.loads((run / "report.json").read_text())
     assert report["iterations"] == 4 and (run / "checkpoints" / "iter_000004").exists()
+
+
+def test_iteration_shorter_than_an_episode_fails_before_any_work(tmp_path, capsys):
+    import pytest
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        vla_rl(["quickstart", *TOY, "--algo.decisions_per_iter", "2", "--run_dir", str(run),
+                "--demo_cache", str(tmp_path / "cache")])
+    assert "algo.decisions_per_iter" in capsys.readouterr().err
+    assert not run.exists() and not (tmp_path / "cache").exists()
+
+
+def test_default_quickstart_config_is_consistent():
+    from vla_rl.commands.quickstart import QuickstartConfig, _train_config
+    from vla_rl.trainer import check_episode_fits
+
+    cfg = QuickstartConfig()
+    train = _train_config(cfg, tmp := __import__("pathlib").Path("/nonexistent-run"), policy_path="")
+    with cfg.env.make(num_envs=1) as env:
+        check_episode_fits(train, env.spec, cfg.policy.chunk_size)  # raises if an episode cannot fit
+    assert cfg.eval_episodes >= 100 and train.run_dir == str(tmp)

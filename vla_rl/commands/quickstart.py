@@ -32,11 +32,11 @@ from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.sft import SFTConfig, load_demo_chunks, pretrain
 from vla_rl.train_config import POLICY_CHOICES, EvalConfig, PolicyConfig, TrainConfig
-from vla_rl.trainer import Trainer, build_policy, seed_everything
+from vla_rl.trainer import Trainer, build_policy, check_episode_fits, seed_everything
 
 
 def _quickstart_env() -> EnvConfig:
-    return EnvConfig(id="mujoco/multi", num_envs=8, obs_mode="rgb", num_workers=0)
+    return EnvConfig(id="mujoco/pick-any", num_envs=8, obs_mode="rgb", num_workers=0)
 
 
 def _quickstart_policy() -> PolicyConfig:
@@ -44,7 +44,7 @@ def _quickstart_policy() -> PolicyConfig:
 
 
 def _quickstart_algo() -> AlgoConfig:
-    return AlgoConfig(name="ppo", decisions_per_iter=8, epochs=2, minibatch_size=64, lr_actor=3e-5, lr_critic=1e-3,
+    return AlgoConfig(name="ppo", decisions_per_iter=7, epochs=2, minibatch_size=64, lr_actor=3e-5, lr_critic=1e-3,
                       critic_warmup_iters=2)
 
 
@@ -96,6 +96,10 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / name
     if run_dir.exists() and not cfg.resume:
         raise FileExistsError(f"{run_dir} exists; pass --resume true to finish it, or --name/--run_dir for a new run")
+    train_cfg = _train_config(cfg, run_dir, policy_path="")
+    with cfg.env.make(num_envs=1) as env:
+        spec = env.spec
+    check_episode_fits(train_cfg, spec, train_cfg.exec_steps or getattr(cfg.policy, "chunk_size", 0))
     run_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}
 
@@ -116,10 +120,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     if not (sft_dir / "config.json").exists():
         print(f"[2/4] pre-training on {cfg.sft.episodes or cfg.demos} demos")
         seed_everything(cfg.seed)
-        with cfg.env.make(num_envs=1) as env:
-            spec = env.spec
-        train_cfg_for_build = TrainConfig(env=cfg.env, policy=cfg.policy, algo=cfg.algo)
-        policy = build_policy(train_cfg_for_build, spec)
+        policy = build_policy(train_cfg, spec)
         data = load_demo_chunks(demo_root, policy.chunk_size, cfg.sft.episodes)
         sft_stats = pretrain(policy, data, cfg.sft, seed=cfg.seed)
         tmp = run_dir / ".sft_policy.tmp"
@@ -134,14 +135,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     # 3 + 4. RL with evaluation before and after
     t = time.perf_counter()
     print(f"[3/4] Flow-SDE PPO for {cfg.iterations} iterations")
-    policy_cfg = dataclasses.replace(cfg.policy, path=str(sft_dir))
-    train_cfg = TrainConfig(
-        env=cfg.env, policy=policy_cfg, algo=cfg.algo, logging=cfg.logging, iterations=cfg.iterations,
-        seed=cfg.seed, run_dir=str(run_dir), resume=cfg.resume or (run_dir / "checkpoints").exists(),
-        eval=EvalConfig(episodes=cfg.eval_episodes, seed=1_000_000 + cfg.seed * 10_000, every=cfg.eval_every,
-                        video=True),
-    )
-    result = Trainer(train_cfg).run()
+    result = Trainer(_train_config(cfg, run_dir, policy_path=str(sft_dir))).run()
     stages["rl"] = time.perf_counter() - t
 
     print("[4/4] writing the report")
@@ -169,6 +163,17 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     print(f"success {before.success_rate:.2f} -> {after.success_rate:.2f} over {after.episodes} held-out episodes "
           f"(after: 95% CI {after.ci_low:.2f}-{after.ci_high:.2f}); {summary['wall_seconds']:.0f} s")
     return summary
+
+
+def _train_config(cfg: QuickstartConfig, run_dir: Path, policy_path: str) -> TrainConfig:
+    """The RL stage's config (``policy_path`` empty: a fresh policy, for pre-training)."""
+    return TrainConfig(
+        env=cfg.env, policy=dataclasses.replace(cfg.policy, path=policy_path), algo=cfg.algo, logging=cfg.logging,
+        iterations=cfg.iterations, seed=cfg.seed, run_dir=str(run_dir),
+        resume=cfg.resume or (run_dir / "checkpoints").exists(),
+        eval=EvalConfig(episodes=cfg.eval_episodes, seed=1_000_000 + cfg.seed * 10_000, every=cfg.eval_every,
+                        video=True),
+    )
 
 
 def _load_eval(path: Path) -> Any:
