@@ -5,8 +5,10 @@ Two drivers share one bookkeeping base:
 - :class:`SerialVecEnv` steps all envs in this process (fast tasks, tests);
 - :class:`ProcessVecEnv` spreads envs over worker processes started with the
   ``forkserver`` (or ``spawn``) context, so simulators and renderers are
-  always created inside a fresh worker, never before a fork. Observations
-  travel through shared memory; the pipes carry only actions and scalars.
+  always created inside a fresh worker, never before a fork. Observations,
+  actions and per-step scalars (reward, flags, named reward terms) travel
+  through shared memory; per step each pipe carries one byte each way, plus
+  the new instructions of envs that reset (pickled) when some did.
 
 Both auto-reset ended envs, keep the ended episode's final observation, track
 episode return/length/success and check action shapes.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -56,30 +59,39 @@ class _Bookkeeping(VecEnv):
         return obs
 
     def _finish_step(
-        self, outs: list[StepOut], obs_bufs: dict[str, np.ndarray], final_bufs: dict[str, np.ndarray]
+        self,
+        reward: np.ndarray,
+        term: np.ndarray,
+        trunc: np.ndarray,
+        success: np.ndarray,
+        terms: dict[str, np.ndarray] | None,
+        obs: Obs,
+        obs_bufs: dict[str, np.ndarray],
+        final_bufs: dict[str, np.ndarray],
+        final_instructions: list[str] | None,
     ) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
-        reward = np.array([o.reward for o in outs], dtype=np.float32)
-        term = np.array([o.terminated for o in outs], dtype=bool)
-        trunc = np.array([o.truncated for o in outs], dtype=bool)
-        success = np.array([o.success for o in outs], dtype=bool)
+        """Episode statistics and ``info`` of one batch step.
+
+        ``reward`` (float32), ``term``, ``trunc``, ``success`` (bool) and the ``terms`` arrays (float32
+        ``[B]``) are fresh arrays owned by the returned tensors; ``obs`` is the returned batch, whose
+        numpy rows are ``obs_bufs``; ``final_bufs`` rows hold the final observation of envs that ended
+        and ``final_instructions`` the instructions before the step (None when nothing ended).
+        """
         self._ep_return += reward
         self._ep_len += 1
         done = term | trunc
         info: dict[str, Any] = {"success": torch.from_numpy(success)}
-        if outs and outs[0].reward_terms is not None:
-            info["reward_terms"] = {
-                k: torch.tensor([o.reward_terms[k] for o in outs], dtype=torch.float32) for k in outs[0].reward_terms
-            }
-        obs = self._batch(obs_bufs)
+        if terms is not None:
+            info["reward_terms"] = {k: torch.from_numpy(v) for k, v in terms.items()}
         if done.any():
             final = {k: torch.from_numpy(np.where(_rows(done, v), final_bufs[k], v)) for k, v in obs_bufs.items()}
-            final[TASK] = list(self._final_instructions)
+            final[TASK] = list(final_instructions if final_instructions is not None else self._instructions)
             info["final_obs"] = final
             info["done"] = torch.from_numpy(done)
             info["episode"] = {
                 "return": torch.from_numpy(self._ep_return.astype(np.float32)),
                 "length": torch.from_numpy(self._ep_len.copy()),
-                "success": torch.from_numpy(success),
+                "success": info["success"],
             }
             self._ep_return[done] = 0.0
             self._ep_len[done] = 0
@@ -117,26 +129,48 @@ class SerialVecEnv(_Bookkeeping):
     def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
         ids = normalize_env_ids(env_ids, self.num_envs)
         seed = self._take_seed(seed)
+        # The returned batch shares memory with self._obs: never write into it, write a copy.
+        self._obs = {k: v.copy() for k, v in self._obs.items()}
         for i, s in zip(ids, seeds_for_ids(seed, ids)):
             obs, self._instructions[i] = self._envs[i].reset(s)
             _write(self._obs, i, obs)
         self._reset_books(ids)
-        self._last_obs = self._batch(self._obs)
+        self._last_obs = self._share(self._obs)
         return self._last_obs
+
+    def _share(self, bufs: dict[str, np.ndarray]) -> Obs:
+        obs: Obs = {k: torch.from_numpy(v) for k, v in bufs.items()}
+        obs[TASK] = list(self._instructions)
+        return obs
 
     def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         acts = self.check_actions(actions).numpy()
+        n = self.num_envs
+        # Every row is written below, straight into fresh arrays the returned tensors then own.
+        new = {k: np.empty_like(v) for k, v in self._obs.items()}
+        reward = np.empty(n, np.float32)
+        term, trunc, success = np.empty((3, n), bool)
         outs = []
-        self._final_instructions = list(self._instructions)
+        final_instructions = None
         for i, env in enumerate(self._envs):
             out = env.step(acts[i])
-            _write(self._obs, i, out.obs)
+            _write(new, i, out.obs)
+            reward[i], term[i], trunc[i], success[i] = out.reward, out.terminated, out.truncated, out.success
             if out.terminated or out.truncated:
+                if final_instructions is None:
+                    final_instructions = list(self._instructions)
                 _write(self._final, i, out.obs)
                 obs, self._instructions[i] = env.reset(None)
-                _write(self._obs, i, obs)
+                _write(new, i, obs)
             outs.append(out)
-        return self._finish_step(outs, self._obs, self._final)
+        self._obs = new
+        names = outs[0].reward_terms if outs else None
+        terms = None
+        if names is not None:
+            table = np.array([[o.reward_terms[k] for o in outs] for k in names], dtype=np.float32).reshape(-1, n)
+            terms = dict(zip(names, table))
+        return self._finish_step(reward, term, trunc, success, terms, self._share(new), new, self._final,
+                                 final_instructions)
 
     def expert_actions(self) -> torch.Tensor:
         """Scripted-expert actions ``[B, A]`` from privileged state."""
@@ -158,13 +192,64 @@ def _write(bufs: dict[str, np.ndarray], row: int, obs: dict[str, np.ndarray]) ->
 # ---------------------------------------------------------------- processes
 
 
+MAX_REWARD_TERMS = 32  # named reward terms per env that fit the shared step buffers
+_STEP = b"s"  # parent -> worker: step with the actions in the shared action buffer
+_DONE = b"k"  # worker -> parent: step done, results in shared memory, no instruction or term-name news
+
+
 def _shared_buffers(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
     """Observation buffers ``[n, ...]`` in shared memory (sent to workers over their pipe)."""
     return {k: torch.zeros((n, *s.shape), dtype=s.dtype).share_memory_() for k, s in spec.observation.items()}
 
 
+def _step_buffers(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
+    """Shared per-step buffers: actions in, scalars out (rows = env ids; ``flags`` = term, trunc, success)."""
+    return {
+        "actions": torch.zeros((n, *spec.action.shape), dtype=torch.float32).share_memory_(),
+        "reward": torch.zeros(n, dtype=torch.float64).share_memory_(),
+        "flags": torch.zeros((3, n), dtype=torch.bool).share_memory_(),
+        "terms": torch.zeros((MAX_REWARD_TERMS, n), dtype=torch.float32).share_memory_(),
+    }
+
+
 def _numpy_views(bufs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in bufs.items()}
+
+
+class _TermSlots:
+    """A worker's reward-term names, in first-seen order; each name owns one row of the shared ``terms`` buffer."""
+
+    def __init__(self, env_id: str) -> None:
+        self.env_id = env_id
+        self.names: list[str] | None = None  # None until an env reports reward terms
+        self._slot: dict[str, int] = {}
+
+    def put(self, out: dict[str, float], into: np.ndarray, col: int) -> bool:
+        """Write ``out`` into ``into[slot, col]``; names this env does not report read 0. Returns: new names."""
+        grew = self.names is None
+        if grew:
+            self.names = []
+        names, slot = self.names, self._slot
+        if len(out) != len(names) or any(k not in slot for k in out):
+            into[: len(names), col] = 0.0
+            for k in out:
+                if k not in slot:
+                    if len(names) >= MAX_REWARD_TERMS:
+                        raise EnvError(f"{self.env_id}: more than {MAX_REWARD_TERMS} named reward terms")
+                    slot[k] = len(names)
+                    names.append(k)
+                    grew = True
+        for k, v in out.items():
+            into[slot[k], col] = v
+        return grew
+
+
+def _term_layout(per_worker: list[list[str] | None]) -> tuple[list[str] | None, bool]:
+    """(union of the workers' reward-term names or None if none reports terms, whether all workers agree)."""
+    if all(x is None for x in per_worker):
+        return None, True
+    union = list(dict.fromkeys(k for x in per_worker for k in x or ()))
+    return union, all(x == union for x in per_worker)
 
 
 def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None:
@@ -175,43 +260,63 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
         envs = [f() for f in factories]
         spec = envs[0].spec
         conn.send(("ok", spec))
-        obs_bufs, final_bufs = (_numpy_views(b) for b in conn.recv())
+        obs_t, final_t, step_t = conn.recv()
+        obs_bufs, final_bufs, step_bufs = _numpy_views(obs_t), _numpy_views(final_t), _numpy_views(step_t)
+        rows = slice(offset, offset + len(envs))
+        act_buf, reward_buf, term_buf = step_bufs["actions"][rows], step_bufs["reward"], step_bufs["terms"]
+        flags = step_bufs["flags"]
+        slots = _TermSlots(spec.env_id)
         while True:
-            cmd, arg = conn.recv()
-            if cmd == "step":
-                outs, instr = [], []
+            msg = conn.recv_bytes()
+            if msg == _STEP:  # actions in shared memory; results back in shared memory
+                acts = act_buf.copy()
+                texts, grew = None, False
                 for j, env in enumerate(envs):
-                    out = env.step(arg[j])
+                    out = env.step(acts[j])
                     row = offset + j
                     _write(obs_bufs, row, out.obs)
-                    text = None
+                    reward_buf[row] = out.reward
+                    flags[0, row], flags[1, row], flags[2, row] = out.terminated, out.truncated, out.success
+                    if out.reward_terms is not None:
+                        grew |= slots.put(out.reward_terms, term_buf, row)
+                    elif slots.names:
+                        term_buf[: len(slots.names), row] = 0.0
                     if out.terminated or out.truncated:
                         _write(final_bufs, row, out.obs)
                         obs, text = env.reset(None)
                         _write(obs_bufs, row, obs)
-                    outs.append(StepOut({}, out.reward, out.terminated, out.truncated, out.success, out.reward_terms))
-                    instr.append(text)
-                conn.send(("ok", (outs, instr)))
-            elif cmd == "chunk":  # arg: actions [n, H, A]; hold an env still after its episode ends
-                steps, ended = [], [False] * len(envs)
-                for h in range(arg.shape[1]):
-                    outs, instr = [], []
+                        texts = (texts or []) + [(j, text)]
+                if texts is None and not grew:
+                    conn.send_bytes(_DONE)
+                else:
+                    conn.send(("ok", (texts or [], list(slots.names) if grew else None)))
+                continue
+            cmd, arg = pickle.loads(msg)
+            if cmd == "chunk":  # arg: actions [n, H, A]; hold an env still after its episode ends
+                horizon, nw = arg.shape[1], len(envs)
+                reward = np.zeros((horizon, nw), np.float64)
+                flag = np.zeros((3, horizon, nw), bool)
+                terms = np.zeros((MAX_REWARD_TERMS, horizon, nw), np.float32)
+                chunk_slots = _TermSlots(spec.env_id)
+                texts, ended = [], [False] * nw
+                for h in range(horizon):
                     for j, env in enumerate(envs):
                         out = env.step(np.zeros_like(arg[j, h]) if ended[j] else arg[j, h])
                         row = offset + j
                         _write(obs_bufs, row, out.obs)
-                        text = None
+                        reward[h, j] = out.reward
+                        flag[0, h, j], flag[1, h, j], flag[2, h, j] = out.terminated, out.truncated, out.success
+                        if out.reward_terms is not None:
+                            chunk_slots.put(out.reward_terms, terms[:, h], j)
                         if out.terminated or out.truncated:
                             if not ended[j]:
                                 _write(final_bufs, row, out.obs)
                             ended[j] = True
                             obs, text = env.reset(None)
                             _write(obs_bufs, row, obs)
-                        outs.append(StepOut({}, out.reward, out.terminated, out.truncated, out.success,
-                                            out.reward_terms))
-                        instr.append(text)
-                    steps.append((outs, instr))
-                conn.send(("ok", steps))
+                            texts.append((h, j, text))
+                named = dict(zip(chunk_slots.names or [], terms))
+                conn.send(("ok", (reward, flag, named, texts)))
             elif cmd == "reset":
                 texts = []
                 for j, seed in arg:
@@ -318,9 +423,13 @@ class ProcessVecEnv(_Bookkeeping):
             specs = [self._recv(w, timeout=start_timeout) for w in range(len(self._conns))]
             self._init_books(replace(specs[0], env_id=env_id), n)
             obs_t, final_t = _shared_buffers(specs[0], n), _shared_buffers(specs[0], n)
+            step_t = _step_buffers(specs[0], n)
             for c in self._conns:
-                c.send((obs_t, final_t))
+                c.send((obs_t, final_t, step_t))
             self._obs_bufs, self._final_bufs = _numpy_views(obs_t), _numpy_views(final_t)
+            self._step_bufs = _numpy_views(step_t)
+            self._term_names: list[list[str] | None] = [None] * len(self._conns)
+            self._term_layout: tuple[list[str] | None, bool] | None = None
         except BaseException:
             self.close()
             raise
@@ -330,10 +439,13 @@ class ProcessVecEnv(_Bookkeeping):
         if timeout is not None and not conn.poll(timeout):
             raise EnvError(f"{self._env_id}: worker {w} did not answer within {timeout:.0f}s")
         try:
-            status, payload = conn.recv()
+            msg = conn.recv_bytes()
         except EOFError:
             code = self._procs[w].exitcode
             raise EnvError(f"{self._env_id}: worker {w} died (exit code {code})") from None
+        if msg == _DONE:
+            return None
+        status, payload = pickle.loads(msg)
         if status == "error":
             msg, tb = payload
             raise EnvError(f"{self._env_id}: worker {w} failed: {msg}\n--- worker traceback ---\n{tb}")
@@ -358,18 +470,43 @@ class ProcessVecEnv(_Bookkeeping):
 
     def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         self._check_idle("step")
-        acts = self.check_actions(actions).numpy()
-        for w, (a, b) in enumerate(self._slices):
-            self._conns[w].send(("step", acts[a:b]))
-        outs: list[StepOut] = []
-        self._final_instructions = list(self._instructions)
+        bufs = self._step_bufs
+        bufs["actions"][:] = self.check_actions(actions).numpy()
+        for c in self._conns:
+            c.send_bytes(_STEP)
+        final_instructions = None
         for w, (a, _) in enumerate(self._slices):
-            w_outs, texts = self._recv(w)
-            outs.extend(w_outs)
-            for j, text in enumerate(texts):
-                if text is not None:
-                    self._instructions[a + j] = text
-        return self._finish_step(outs, self._obs_bufs, self._final_bufs)
+            news = self._recv(w)
+            if news is None:
+                continue
+            texts, names = news
+            if names is not None:
+                self._term_names[w] = names
+                self._term_layout = None
+            if texts and final_instructions is None:
+                final_instructions = list(self._instructions)
+            for j, text in texts:
+                self._instructions[a + j] = text
+        reward = bufs["reward"].astype(np.float32)
+        term, trunc, success = bufs["flags"].copy()
+        return self._finish_step(reward, term, trunc, success, self._terms(), self._batch(self._obs_bufs),
+                                 self._obs_bufs, self._final_bufs, final_instructions)
+
+    def _terms(self) -> dict[str, np.ndarray] | None:
+        """This step's named reward terms ``float32 [B]`` (views of one fresh array), from the shared buffer."""
+        if self._term_layout is None:  # recomputed only when a worker reports new names
+            self._term_layout = _term_layout(self._term_names)
+        names, same = self._term_layout
+        if names is None:
+            return None
+        buf = self._step_bufs["terms"]
+        if same:
+            return dict(zip(names, buf[: len(names)].copy()))
+        table = np.zeros((len(names), self.num_envs), np.float32)
+        for w_names, (a, b) in zip(self._term_names, self._slices):
+            for slot, k in enumerate(w_names or ()):
+                table[names.index(k), a:b] = buf[slot, a:b]
+        return dict(zip(names, table))
 
     # -- asynchronous action chunks (pipelined rollouts) -----------------------------------------
 
@@ -442,31 +579,37 @@ class ProcessVecEnv(_Bookkeeping):
         ids = list(env_ids)
         n, first = len(ids), ids[0]
         shape = (horizon, n)
-        reward, ret = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-        term, trunc, success = np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, bool)
-        length = np.zeros(shape, np.int64)
+        reward64 = np.zeros(shape, np.float64)
+        flags = np.zeros((3, *shape), bool)
         terms: dict[str, np.ndarray] = {}
+        texts: dict[tuple[int, int], str] = {}
+        for w, (w_reward, w_flags, w_terms, w_texts) in zip(workers, per_worker):
+            a, b = self._slices[w]
+            cols = slice(a - first, b - first)
+            reward64[:, cols], flags[:, :, cols] = w_reward, w_flags
+            for name, value in w_terms.items():
+                terms.setdefault(name, np.zeros(shape, np.float32))[:, cols] = value
+            for h, j, text in w_texts:
+                texts[h, a + j - first] = text
+        term, trunc, success = flags
+        ended = term | trunc
+        ret, length = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
         final_task = [self._instructions[i] for i in ids]
         seen = np.zeros(n, bool)
-        for w, steps in zip(workers, per_worker):
-            a = self._slices[w][0]
-            for h, (outs, texts) in enumerate(steps):
-                for j, (out, text) in enumerate(zip(outs, texts)):
-                    i, k = a + j, a + j - first
-                    reward[h, k], term[h, k], trunc[h, k] = out.reward, out.terminated, out.truncated
-                    success[h, k] = out.success
-                    for name, value in (out.reward_terms or {}).items():
-                        terms.setdefault(name, np.zeros(shape, np.float32))[h, k] = value
-                    self._ep_return[i] += out.reward
-                    self._ep_len[i] += 1
-                    if out.terminated or out.truncated:
-                        ret[h, k], length[h, k] = self._ep_return[i], self._ep_len[i]
-                        self._ep_return[i], self._ep_len[i] = 0.0, 0
-                        if not seen[k]:
-                            final_task[k], seen[k] = self._instructions[i], True
-                    if text is not None:
-                        self._instructions[i] = text
         rows = slice(first, first + n)
+        ep_return, ep_len = self._ep_return[rows], self._ep_len[rows]  # views
+        for h in range(horizon):
+            ep_return += reward64[h]
+            ep_len += 1
+            if ended[h].any():
+                d = ended[h]
+                ret[h, d], length[h, d] = ep_return[d], ep_len[d]
+                ep_return[d], ep_len[d] = 0.0, 0
+                for k in np.flatnonzero(d):
+                    if not seen[k]:
+                        final_task[k], seen[k] = self._instructions[first + k], True
+                    self._instructions[first + k] = texts[h, int(k)]
+        reward = reward64.astype(np.float32)
         final: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in self._final_bufs.items()}
         final[TASK] = final_task
         obs: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in self._obs_bufs.items()}

@@ -268,10 +268,11 @@ class ManiSkillSingleEnv(SingleEnv):
 
         return proprio_state(self._base)
 
-    def _obs(self, raw: Any) -> dict[str, np.ndarray]:
+    def _obs(self, raw: Any, info: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """Our observation of the current state; ``info``: ManiSkill's info of the same state (reused)."""
         obs = {
             OBS_STATE: self._state()[0].cpu().numpy(),
-            OBS_ENV_STATE: self._task.read(self._base)[0].cpu().numpy(),
+            OBS_ENV_STATE: self._task.read(self._base, info)[0].cpu().numpy(),
         }
         for cam in self._cameras:
             obs[image_key(cam)] = raw["sensor_data"][cam]["rgb"][0].cpu().numpy()
@@ -279,9 +280,9 @@ class ManiSkillSingleEnv(SingleEnv):
 
     def reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], str]:
         """Start an episode (``seed=None`` continues ManiSkill's RNG); returns (obs, instruction)."""
-        raw, _ = self._base.reset(seed=seed)
+        raw, info = self._base.reset(seed=seed)
         self._t = 0
-        return self._obs(raw), self._task.instruction
+        return self._obs(raw, info), self._task.instruction
 
     def step(self, action: np.ndarray) -> StepOut:
         """Apply ``action [A]``; terminated on success, truncated after ``max_episode_steps``."""
@@ -290,7 +291,7 @@ class ManiSkillSingleEnv(SingleEnv):
         success = bool(info["success"][0]) if "success" in info else False
         r = float(reward[0]) if torch.is_tensor(reward) and reward.ndim else float(reward)
         return StepOut(
-            obs=self._obs(raw),
+            obs=self._obs(raw, info),
             reward=r,
             terminated=bool(terminated[0]),
             truncated=self._t >= self._max_steps,

@@ -30,11 +30,17 @@ Getter = Callable[[Any], torch.Tensor]
 
 @dataclass(frozen=True)
 class StateField:
-    """One named slice of the privileged state vector."""
+    """One named slice of the privileged state vector.
+
+    ``info_key``: the key of ManiSkill's step/reset ``info`` (its ``evaluate()``) holding the same value
+    computed on the same state, reused by :meth:`TaskDef.read` when given that info (saves e.g. a second
+    contact query for ``is_grasped``).
+    """
 
     name: str
     size: int
     get: Getter
+    info_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,9 +71,16 @@ class TaskDef:
             start += f.size
         return out
 
-    def read(self, base_env: Any) -> torch.Tensor:
-        """The privileged state ``float32 [num_envs, state_dim]`` of ``base_env``."""
-        parts = [_col(f.get(base_env)).to(torch.float32) for f in self.fields]
+    def read(self, base_env: Any, info: dict[str, Any] | None = None) -> torch.Tensor:
+        """The privileged state ``float32 [num_envs, state_dim]`` of ``base_env``.
+
+        ``info``: ManiSkill's info dict returned by the ``step``/``reset`` that produced the current
+        state; fields with an ``info_key`` found there are taken from it instead of being recomputed.
+        """
+        parts = [
+            _col(info[f.info_key] if info and f.info_key and f.info_key in info else f.get(base_env)).to(torch.float32)
+            for f in self.fields
+        ]
         return torch.cat(parts, dim=-1)
 
 
@@ -126,7 +139,7 @@ TASKS: dict[str, TaskDef] = {
             + (
                 StateField("cube_pose", 7, _pose("cube")),
                 StateField("goal_pos", 3, _pos("goal_site")),
-                StateField("is_grasped", 1, _grasping("cube")),
+                StateField("is_grasped", 1, _grasping("cube"), "is_grasped"),
             ),
         ),
         TaskDef(
@@ -146,7 +159,7 @@ TASKS: dict[str, TaskDef] = {
             + (
                 StateField("cubeA_pose", 7, _pose("cubeA")),
                 StateField("cubeB_pose", 7, _pose("cubeB")),
-                StateField("is_grasped", 1, _grasping("cubeA")),
+                StateField("is_grasped", 1, _grasping("cubeA"), "is_cubeA_grasped"),
             ),
         ),
         TaskDef(
@@ -162,7 +175,7 @@ TASKS: dict[str, TaskDef] = {
                 StateField("cube_pose", 7, _pose("cube")),
                 StateField("peg_pose", 7, _pose("peg")),
                 StateField("goal_pos", 3, _pos("goal_region")),
-                StateField("is_grasped", 1, _grasping("peg")),
+                StateField("is_grasped", 1, _grasping("peg"), "is_peg_grasped"),
             ),
         ),
         TaskDef(

@@ -78,3 +78,61 @@ def test_per_env_seed_list_starts_envs_from_one_state(kind):
         assert obs[OBS_STATE][:, 0].unique().numel() == 1
         with pytest.raises(EnvError, match="2 seeds for 3 envs"):
             env.reset(seed=[1, 2])
+
+
+def test_process_and_serial_steps_agree_over_many_episodes():
+    """Shared-memory step results (scalars, terms, instructions, final obs, episode stats) equal the serial ones."""
+    torch.manual_seed(0)
+    actions = [torch.rand(4, 1) * 0.9 for _ in range(40)]
+    results = []
+    for kind in ("serial", "process"):
+        factories = [functools.partial(CounterEnv, episode_steps=3 + i) for i in range(4)]
+        env = SerialVecEnv(factories, "toy/counter") if kind == "serial" else ProcessVecEnv(factories, "toy/counter", 3)
+        with env:
+            steps = [env.reset(seed=7)]
+            for a in actions:
+                obs, reward, term, trunc, info = env.step(a)
+                steps.append((obs, reward, term, trunc, info))
+                env.reset(seed=3, env_ids=[1]) if len(steps) == 20 else None
+            results.append(steps)
+    for s, p in zip(*results):
+        _assert_same(s, p)
+
+
+def _assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b) and b.is_contiguous()
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def test_serial_obs_are_not_overwritten_by_later_steps_or_resets(kind):
+    with _make(kind) as env:
+        first = env.reset(seed=0)
+        snap = {k: v.clone() for k, v in first.items() if isinstance(v, torch.Tensor)}
+        obs, *_ = env.step(torch.full((3, 1), 0.5))
+        snap2 = {k: v.clone() for k, v in obs.items() if isinstance(v, torch.Tensor)}
+        env.reset(seed=5, env_ids=[0])
+        env.step(torch.full((3, 1), 0.5))
+        for k in snap:
+            assert torch.equal(first[k], snap[k]) and torch.equal(obs[k], snap2[k])
+
+
+def test_workers_reporting_different_reward_terms_get_the_union():
+    factories = [functools.partial(CounterEnv, extra_term=t) for t in ("", "", "pos", "pos")]
+    with ProcessVecEnv(factories, "toy/counter", num_workers=2) as env:
+        env.reset(seed=0)
+        _, _, _, _, info = env.step(torch.full((4, 1), 0.5))
+        terms = info["reward_terms"]
+        assert list(terms) == ["success", "pos"]
+        assert terms["pos"][:2].tolist() == [0.0, 0.0] and terms["pos"][2:].gt(0.4).all()
+        steps = [env.step(torch.full((4, 1), 0.1))[4]["reward_terms"]["pos"] for _ in range(2)]
+        assert steps[1][2:].gt(steps[0][2:]).all()
