@@ -44,6 +44,32 @@ def _paligemma_prefill(model: nn.Module, embs: Tensor, pad_masks: Tensor, att_ma
     return features, past_key_values
 
 
+class _PaliGemmaAdapter(LeRobotFlowPolicy):
+    """Shared by pi0 and pi0.5 (PaliGemma prefix + Gemma action expert); they differ only in where the state goes."""
+
+    @staticmethod
+    def _prefix_width(lerobot_policy: nn.Module) -> int:
+        return lerobot_policy.model.paligemma_with_expert.paligemma.config.text_config.hidden_size
+
+    def _state(self, batch: dict[str, Any]) -> Tensor | None:
+        """The state tensor the action expert takes, or None when the processor tokenized it into the prompt."""
+        return None
+
+    def _encode_prefix(self, batch: dict[str, Any]) -> _Prefix:
+        lp = self.lerobot
+        images, img_masks = lp._preprocess_images(batch)
+        tokens, masks = _tokens(batch)
+        embs, pad_masks, att_masks = lp.model.embed_prefix(images, img_masks, tokens, masks)
+        features, cache = _paligemma_prefill(lp.model, embs, pad_masks, att_masks)
+        return _Prefix(pad_masks=pad_masks, past_key_values=cache, features=features, state=self._state(batch))
+
+    def _denoise(self, prefix: _Prefix, x_t: Tensor, t: Tensor) -> Tensor:
+        state = {} if prefix.state is None else {"state": prefix.state}
+        return self.lerobot.model.denoise_step(
+            **state, prefix_pad_masks=prefix.pad_masks, past_key_values=prefix.past_key_values, x_t=x_t, timestep=t
+        )
+
+
 @dataclass
 class PI0AdapterConfig(LeRobotFlowConfig):
     """pi0 through LeRobot; critic on the action-expert output (pi_RL's choice for pi0)."""
@@ -55,7 +81,7 @@ class PI0AdapterConfig(LeRobotFlowConfig):
 
 
 @POLICIES.register("pi0", config=PI0AdapterConfig, help="pi0 (LeRobot PI0Policy) with Flow-SDE / Flow-Noise samplers")
-class LeRobotPI0Policy(LeRobotFlowPolicy):
+class LeRobotPI0Policy(_PaliGemmaAdapter):
     """LeRobot ``PI0Policy`` behind the RL interface (state enters the action expert)."""
 
     NAME = "pi0"
@@ -67,23 +93,8 @@ class LeRobotPI0Policy(LeRobotFlowPolicy):
 
         return PI0Policy
 
-    @staticmethod
-    def _prefix_width(lerobot_policy: nn.Module) -> int:
-        return lerobot_policy.model.paligemma_with_expert.paligemma.config.text_config.hidden_size
-
-    def _encode_prefix(self, batch: dict[str, Any]) -> _Prefix:
-        lp = self.lerobot
-        images, img_masks = lp._preprocess_images(batch)
-        tokens, masks = _tokens(batch)
-        embs, pad_masks, att_masks = lp.model.embed_prefix(images, img_masks, tokens, masks)
-        features, cache = _paligemma_prefill(lp.model, embs, pad_masks, att_masks)
-        return _Prefix(pad_masks=pad_masks, past_key_values=cache, features=features, state=lp.prepare_state(batch))
-
-    def _denoise(self, prefix: _Prefix, x_t: Tensor, t: Tensor) -> Tensor:
-        return self.lerobot.model.denoise_step(
-            state=prefix.state, prefix_pad_masks=prefix.pad_masks, past_key_values=prefix.past_key_values,
-            x_t=x_t, timestep=t,
-        )
+    def _state(self, batch: dict[str, Any]) -> Tensor | None:
+        return self.lerobot.prepare_state(batch)
 
 
 @dataclass
@@ -97,7 +108,7 @@ class PI05AdapterConfig(LeRobotFlowConfig):
 
 
 @POLICIES.register("pi05", config=PI05AdapterConfig, help="pi0.5 (LeRobot PI05Policy) with Flow-SDE / Flow-Noise")
-class LeRobotPI05Policy(LeRobotFlowPolicy):
+class LeRobotPI05Policy(_PaliGemmaAdapter):
     """LeRobot ``PI05Policy`` behind the RL interface (state is tokenized into the prompt by its processor)."""
 
     NAME = "pi05"
@@ -108,23 +119,6 @@ class LeRobotPI05Policy(LeRobotFlowPolicy):
         from lerobot.policies.pi05 import PI05Policy
 
         return PI05Policy
-
-    @staticmethod
-    def _prefix_width(lerobot_policy: nn.Module) -> int:
-        return lerobot_policy.model.paligemma_with_expert.paligemma.config.text_config.hidden_size
-
-    def _encode_prefix(self, batch: dict[str, Any]) -> _Prefix:
-        lp = self.lerobot
-        images, img_masks = lp._preprocess_images(batch)
-        tokens, masks = _tokens(batch)
-        embs, pad_masks, att_masks = lp.model.embed_prefix(images, img_masks, tokens, masks)
-        features, cache = _paligemma_prefill(lp.model, embs, pad_masks, att_masks)
-        return _Prefix(pad_masks=pad_masks, past_key_values=cache, features=features, state=None)
-
-    def _denoise(self, prefix: _Prefix, x_t: Tensor, t: Tensor) -> Tensor:
-        return self.lerobot.model.denoise_step(
-            prefix_pad_masks=prefix.pad_masks, past_key_values=prefix.past_key_values, x_t=x_t, timestep=t
-        )
 
 
 @dataclass
