@@ -108,6 +108,17 @@ def gym_make_kwargs(options: ManiSkillOptions) -> dict[str, Any]:
     return kwargs
 
 
+def observation_spec(state_dim: int, env_state_dim: int, cameras: tuple[str, ...], size: int) -> dict[str, TensorSpec]:
+    """Specs of proprioception, privileged state and one ``size x size`` RGB image per camera."""
+    spec = {
+        OBS_STATE: TensorSpec((state_dim,), torch.float32),
+        OBS_ENV_STATE: TensorSpec((env_state_dim,), torch.float32),
+    }
+    for cam in cameras:
+        spec[image_key(cam)] = TensorSpec((size, size, 3), torch.uint8, 0.0, 255.0)
+    return spec
+
+
 def action_spec(space: Any) -> TensorSpec:
     """A :class:`TensorSpec` from a gymnasium ``Box`` ``[A]``.
 
@@ -248,12 +259,7 @@ class ManiSkillSingleEnv(SingleEnv):
         self._cameras: tuple[str, ...] = tuple(self._base.scene.sensors) if options.obs_mode == "rgb" else ()
         self._t = 0
         size = options.resolved_image_size
-        obs_spec = {
-            OBS_STATE: TensorSpec((int(self._state()[0].shape[0]),), torch.float32),
-            OBS_ENV_STATE: TensorSpec((self._task.state_dim,), torch.float32),
-        }
-        for cam in self._cameras:
-            obs_spec[image_key(cam)] = TensorSpec((size, size, 3), torch.uint8, 0.0, 255.0)
+        obs_spec = observation_spec(int(self._state()[0].shape[0]), self._task.state_dim, self._cameras, size)
         self.spec = EnvSpec(
             env_id=env_id,
             observation=obs_spec,

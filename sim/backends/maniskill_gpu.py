@@ -27,6 +27,7 @@ from sim.backends.maniskill import (
     DEFAULT_CONTROL_MODE,
     ManiSkillOptions,
     action_spec,
+    observation_spec,
     gym_make_kwargs,
     is_vulkan_failure,
     vulkan_message,
@@ -39,7 +40,6 @@ from sim.core import (
     EnvError,
     EnvSpec,
     Obs,
-    TensorSpec,
     VecEnv,
     image_key,
     normalize_env_ids,
@@ -94,13 +94,7 @@ class ManiSkillGPUVecEnv(VecEnv):
             raise EnvError(f"{env_id}: the task sets no step limit; pass max_episode_steps > 0")
         self._cameras: tuple[str, ...] = tuple(self._base.scene.sensors) if options.obs_mode == "rgb" else ()
         size = options.resolved_image_size
-        state_dim = int(proprio_state(self._base).shape[-1])
-        obs_spec = {
-            OBS_STATE: TensorSpec((state_dim,), torch.float32),
-            OBS_ENV_STATE: TensorSpec((self._task.state_dim,), torch.float32),
-        }
-        for cam in self._cameras:
-            obs_spec[image_key(cam)] = TensorSpec((size, size, 3), torch.uint8, 0.0, 255.0)
+        obs_spec = observation_spec(int(proprio_state(self._base).shape[-1]), self._task.state_dim, self._cameras, size)
         self.spec = EnvSpec(
             env_id=env_id,
             observation=obs_spec,
