@@ -37,7 +37,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
 
 from sim.core import TASK, EnvError, EnvSpec, Obs, VecEnv, normalize_env_ids, seeds_for_ids
-from sim.single import SingleEnv, StepOut
+from sim.single import SingleEnv
 
 EnvFactory = Callable[[], SingleEnv]
 
