@@ -19,7 +19,7 @@ Two collection modes:
   from a seeded initial state shared by its group of ``G`` envs (GRPO).
 
 *Pipelined* collection (``pipelined=True``, for envs that run action chunks
-asynchronously on groups of workers, :meth:`sim.vector.ProcessVecEnv.chunk_async`):
+asynchronously on groups of workers, :meth:`sim.vector_process.ProcessVecEnv.chunk_async`):
 the envs are split into two halves, each a stream of decisions; while one
 half executes its chunk in the workers, the policy computes the other half's
 next chunk. The rollout is the same as the sequential one (same decisions,
@@ -344,7 +344,7 @@ class RolloutEngine:
         return obs_list, outs, chunks, values, valid
 
     def _chunk_from_steps(self, steps: Any, alive: Tensor) -> dict[str, Any]:
-        """:meth:`_run_chunk`'s result for one half, from its :class:`sim.vector.ChunkSteps`."""
+        """:meth:`_run_chunk`'s result for one half, from its :class:`sim.vector_process.ChunkSteps`."""
         ids = steps.env_ids
         n = len(ids)
         reward = torch.zeros(n)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from sim.core import OBS_STATE, EnvError
-from sim.vector import ProcessVecEnv, SerialVecEnv
+from sim.vector import SerialVecEnv
+from sim.vector_process import ProcessVecEnv
 from tests.sim.toy_env import CounterEnv
 
 

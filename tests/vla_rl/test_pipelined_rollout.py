@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from policies.base import ActMode
-from sim.vector import ProcessVecEnv, SerialVecEnv
+from sim.vector import SerialVecEnv
+from sim.vector_process import ProcessVecEnv
 from tests.sim.toy_env import CounterEnv
 from tests.vla_rl.toy_policy import GaussianPolicy
 from vla_rl.rollout import Rollout, RolloutEngine

@@ -1,0 +1,480 @@
+"""Worker-process vectorization: :class:`ProcessVecEnv` (see :mod:`sim.vector` for the shared contract).
+
+Envs are spread over worker processes in contiguous slices; observations,
+actions and per-step scalars live in shared memory and the pipes carry one
+byte per step each way. Whole action chunks can run asynchronously on a group
+of workers (:meth:`ProcessVecEnv.chunk_async` / :meth:`ProcessVecEnv.chunk_wait`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
+
+from sim.core import TASK, EnvError, EnvSpec, Obs, normalize_env_ids, seeds_for_ids
+from sim.single import SingleEnv
+from sim.vector import EnvFactory, _Bookkeeping, _write
+
+MAX_REWARD_TERMS = 32  # named reward terms per env that fit the shared step buffers
+_STEP = b"s"  # parent -> worker: step with the actions in the shared action buffer
+_DONE = b"k"  # worker -> parent: step done, results in shared memory, no instruction or term-name news
+
+
+def _shared_buffers(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
+    """Observation buffers ``[n, ...]`` in shared memory (sent to workers over their pipe)."""
+    return {k: torch.zeros((n, *s.shape), dtype=s.dtype).share_memory_() for k, s in spec.observation.items()}
+
+
+def _step_buffers(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
+    """Shared per-step buffers: actions in, scalars out (rows = env ids; ``flags`` = term, trunc, success)."""
+    return {
+        "actions": torch.zeros((n, *spec.action.shape), dtype=torch.float32).share_memory_(),
+        "reward": torch.zeros(n, dtype=torch.float64).share_memory_(),
+        "flags": torch.zeros((3, n), dtype=torch.bool).share_memory_(),
+        "terms": torch.zeros((MAX_REWARD_TERMS, n), dtype=torch.float32).share_memory_(),
+    }
+
+
+def _numpy_views(bufs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in bufs.items()}
+
+
+class _TermSlots:
+    """A worker's reward-term names, in first-seen order; each name owns one row of the shared ``terms`` buffer."""
+
+    def __init__(self, env_id: str) -> None:
+        self.env_id = env_id
+        self.names: list[str] | None = None  # None until an env reports reward terms
+        self._slot: dict[str, int] = {}
+
+    def put(self, out: dict[str, float], into: np.ndarray, col: int) -> bool:
+        """Write ``out`` into ``into[slot, col]``; names this env does not report read 0. Returns: new names."""
+        grew = self.names is None
+        if grew:
+            self.names = []
+        names, slot = self.names, self._slot
+        if len(out) != len(names) or any(k not in slot for k in out):
+            into[: len(names), col] = 0.0
+            for k in out:
+                if k not in slot:
+                    if len(names) >= MAX_REWARD_TERMS:
+                        raise EnvError(f"{self.env_id}: more than {MAX_REWARD_TERMS} named reward terms")
+                    slot[k] = len(names)
+                    names.append(k)
+                    grew = True
+        for k, v in out.items():
+            into[slot[k], col] = v
+        return grew
+
+
+def _term_layout(per_worker: list[list[str] | None]) -> tuple[list[str] | None, bool]:
+    """(union of the workers' reward-term names or None if none reports terms, whether all workers agree)."""
+    if all(x is None for x in per_worker):
+        return None, True
+    union = list(dict.fromkeys(k for x in per_worker for k in x or ()))
+    return union, all(x == union for x in per_worker)
+
+
+def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    envs: list[SingleEnv] = []
+    try:
+        envs = [f() for f in factories]
+        spec = envs[0].spec
+        conn.send(("ok", spec))
+        obs_t, final_t, step_t = conn.recv()
+        obs_bufs, final_bufs, step_bufs = _numpy_views(obs_t), _numpy_views(final_t), _numpy_views(step_t)
+        rows = slice(offset, offset + len(envs))
+        act_buf, reward_buf, term_buf = step_bufs["actions"][rows], step_bufs["reward"], step_bufs["terms"]
+        flags = step_bufs["flags"]
+        slots = _TermSlots(spec.env_id)
+        while True:
+            msg = conn.recv_bytes()
+            if msg == _STEP:  # actions in shared memory; results back in shared memory
+                acts = act_buf.copy()
+                texts, grew = None, False
+                for j, env in enumerate(envs):
+                    out = env.step(acts[j])
+                    row = offset + j
+                    _write(obs_bufs, row, out.obs)
+                    reward_buf[row] = out.reward
+                    flags[0, row], flags[1, row], flags[2, row] = out.terminated, out.truncated, out.success
+                    if out.reward_terms is not None:
+                        grew |= slots.put(out.reward_terms, term_buf, row)
+                    elif slots.names:
+                        term_buf[: len(slots.names), row] = 0.0
+                    if out.terminated or out.truncated:
+                        _write(final_bufs, row, out.obs)
+                        obs, text = env.reset(None)
+                        _write(obs_bufs, row, obs)
+                        texts = (texts or []) + [(j, text)]
+                if texts is None and not grew:
+                    conn.send_bytes(_DONE)
+                else:
+                    conn.send(("ok", (texts or [], list(slots.names) if grew else None)))
+                continue
+            cmd, arg = pickle.loads(msg)
+            if cmd == "chunk":  # arg: actions [n, H, A]; hold an env still after its episode ends
+                horizon, nw = arg.shape[1], len(envs)
+                reward = np.zeros((horizon, nw), np.float64)
+                flag = np.zeros((3, horizon, nw), bool)
+                terms = np.zeros((MAX_REWARD_TERMS, horizon, nw), np.float32)
+                chunk_slots = _TermSlots(spec.env_id)
+                texts, ended = [], [False] * nw
+                for h in range(horizon):
+                    for j, env in enumerate(envs):
+                        out = env.step(np.zeros_like(arg[j, h]) if ended[j] else arg[j, h])
+                        row = offset + j
+                        _write(obs_bufs, row, out.obs)
+                        reward[h, j] = out.reward
+                        flag[0, h, j], flag[1, h, j], flag[2, h, j] = out.terminated, out.truncated, out.success
+                        if out.reward_terms is not None:
+                            chunk_slots.put(out.reward_terms, terms[:, h], j)
+                        if out.terminated or out.truncated:
+                            if not ended[j]:
+                                _write(final_bufs, row, out.obs)
+                            ended[j] = True
+                            obs, text = env.reset(None)
+                            _write(obs_bufs, row, obs)
+                            texts.append((h, j, text))
+                named = dict(zip(chunk_slots.names or [], terms))
+                conn.send(("ok", (reward, flag, named, texts)))
+            elif cmd == "reset":
+                texts = []
+                for j, seed in arg:
+                    obs, text = envs[j].reset(seed)
+                    _write(obs_bufs, offset + j, obs)
+                    texts.append((j, text))
+                conn.send(("ok", texts))
+            elif cmd == "expert":
+                conn.send(("ok", [e.expert_action() for e in envs]))
+            elif cmd == "close":
+                break
+    except (KeyboardInterrupt, EOFError):
+        pass
+    except BaseException as exc:  # report to the parent instead of dying silently
+        try:
+            conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        except Exception:
+            pass
+    finally:
+        for e in envs:
+            try:
+                e.close()
+            except Exception:
+                pass
+        try:
+            conn.send(("closed", None))
+        except Exception:
+            pass
+
+
+@dataclass
+class ChunkSteps:
+    """The outcome of one action chunk on a group of ``n`` envs (:meth:`ProcessVecEnv.chunk_wait`).
+
+    Per-step tensors are ``[H, n]``; rows follow ``env_ids``. After an env's episode ends (and it is
+    auto-reset) it is held still: its later steps belong to its next episode.
+
+    Attributes:
+        env_ids: the envs of the group, ascending.
+        reward, terminated, truncated, success: ``[H, n]`` per step, as :meth:`VecEnv.step` returns them.
+        reward_terms: named ``[H, n]`` reward terms (empty if the env reports none).
+        episode_return, episode_length: ``[H, n]`` statistics of the episode that ended at that step
+            (valid where ``terminated | truncated``).
+        final_obs: rows ``[n, ...]`` of the last observation of each env's first episode that ended in
+            the chunk (valid for those envs), with ``task`` its instruction.
+        obs: rows ``[n, ...]`` of the observation after the chunk, with the current instructions.
+    """
+
+    env_ids: list[int]
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    success: torch.Tensor
+    reward_terms: dict[str, torch.Tensor]
+    episode_return: torch.Tensor
+    episode_length: torch.Tensor
+    final_obs: Obs
+    obs: Obs
+
+
+class ProcessVecEnv(_Bookkeeping):
+    """Envs spread over ``num_workers`` worker processes (contiguous slices).
+
+    Args:
+        factories: one picklable zero-argument factory per env.
+        env_id: the full env id reported in the spec and in errors.
+        num_workers: worker processes; envs are split into contiguous slices.
+        context: ``forkserver`` (default) or ``spawn``; ``fork`` is refused
+            because renderers hang after a fork.
+    """
+
+    def __init__(
+        self,
+        factories: Sequence[EnvFactory],
+        env_id: str,
+        num_workers: int,
+        context: str = "forkserver",
+        start_timeout: float = 300.0,
+    ) -> None:
+        if context == "fork":
+            raise EnvError("ProcessVecEnv: the 'fork' context hangs renderers; use 'forkserver' or 'spawn'")
+        n = len(factories)
+        num_workers = max(1, min(num_workers, n))
+        self.num_envs = n
+        self._env_id = env_id
+        self._final_instructions = [""] * n
+        ctx = mp.get_context(context)
+        bounds = np.linspace(0, n, num_workers + 1).astype(int)
+        self._slices = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        self._conns, self._procs = [], []
+        self._pending: dict[int, int] = {}  # worker -> chunk length, for chunks in flight
+        try:
+            for a, b in self._slices:
+                parent, child = ctx.Pipe()
+                p = ctx.Process(
+                    target=_worker,
+                    args=(child, list(factories[a:b]), a, n),
+                    daemon=True,
+                )
+                p.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(p)
+            specs = [self._recv(w, timeout=start_timeout) for w in range(len(self._conns))]
+            self._init_books(replace(specs[0], env_id=env_id), n)
+            obs_t, final_t = _shared_buffers(specs[0], n), _shared_buffers(specs[0], n)
+            step_t = _step_buffers(specs[0], n)
+            for c in self._conns:
+                c.send((obs_t, final_t, step_t))
+            self._obs_bufs, self._final_bufs = _numpy_views(obs_t), _numpy_views(final_t)
+            self._step_bufs = _numpy_views(step_t)
+            self._term_names: list[list[str] | None] = [None] * len(self._conns)
+            self._term_layout: tuple[list[str] | None, bool] | None = None
+        except BaseException:
+            self.close()
+            raise
+
+    def _recv(self, w: int, timeout: float | None = None) -> Any:
+        conn = self._conns[w]
+        if timeout is not None and not conn.poll(timeout):
+            raise EnvError(f"{self._env_id}: worker {w} did not answer within {timeout:.0f}s")
+        try:
+            msg = conn.recv_bytes()
+        except EOFError:
+            code = self._procs[w].exitcode
+            raise EnvError(f"{self._env_id}: worker {w} died (exit code {code})") from None
+        if msg == _DONE:
+            return None
+        status, payload = pickle.loads(msg)
+        if status == "error":
+            msg, tb = payload
+            raise EnvError(f"{self._env_id}: worker {w} failed: {msg}\n--- worker traceback ---\n{tb}")
+        return payload
+
+    def reset(self, seed: int | Sequence[int] | None = None, env_ids: Sequence[int] | torch.Tensor | None = None) -> Obs:
+        self._check_idle("reset")
+        ids = normalize_env_ids(env_ids, self.num_envs)
+        seeds = seeds_for_ids(self._take_seed(seed), ids)
+        busy = []
+        for w, (a, b) in enumerate(self._slices):
+            mine = [(i - a, s) for i, s in zip(ids, seeds) if a <= i < b]
+            if mine:
+                self._conns[w].send(("reset", mine))
+                busy.append(w)
+        for w in busy:
+            for j, text in self._recv(w):
+                self._instructions[self._slices[w][0] + j] = text
+        self._reset_books(ids)
+        self._last_obs = self._batch(self._obs_bufs)
+        return self._last_obs
+
+    def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        self._check_idle("step")
+        bufs = self._step_bufs
+        bufs["actions"][:] = self.check_actions(actions).numpy()
+        for c in self._conns:
+            c.send_bytes(_STEP)
+        final_instructions = None
+        for w, (a, _) in enumerate(self._slices):
+            news = self._recv(w)
+            if news is None:
+                continue
+            texts, names = news
+            if names is not None:
+                self._term_names[w] = names
+                self._term_layout = None
+            if texts and final_instructions is None:
+                final_instructions = list(self._instructions)
+            for j, text in texts:
+                self._instructions[a + j] = text
+        reward = bufs["reward"].astype(np.float32)
+        term, trunc, success = bufs["flags"].copy()
+        return self._finish_step(reward, term, trunc, success, self._terms(), self._batch(self._obs_bufs),
+                                 self._obs_bufs, self._final_bufs, final_instructions)
+
+    def _terms(self) -> dict[str, np.ndarray] | None:
+        """This step's named reward terms ``float32 [B]`` (views of one fresh array), from the shared buffer."""
+        if self._term_layout is None:  # recomputed only when a worker reports new names
+            self._term_layout = _term_layout(self._term_names)
+        names, same = self._term_layout
+        if names is None:
+            return None
+        buf = self._step_bufs["terms"]
+        if same:
+            return dict(zip(names, buf[: len(names)].copy()))
+        table = np.zeros((len(names), self.num_envs), np.float32)
+        for w_names, (a, b) in zip(self._term_names, self._slices):
+            for slot, k in enumerate(w_names or ()):
+                table[names.index(k), a:b] = buf[slot, a:b]
+        return dict(zip(names, table))
+
+    # -- asynchronous action chunks (pipelined rollouts) -----------------------------------------
+
+    def chunk_groups(self, num_groups: int = 2) -> list[list[int]] | None:
+        """Env ids split into ``num_groups`` groups of whole workers (contiguous, ascending).
+
+        Groups step in parallel with each other and with the caller. Returns None when there are
+        fewer workers than groups (nothing could overlap).
+        """
+        if num_groups < 1 or len(self._slices) < num_groups:
+            return None
+        bounds = np.linspace(0, len(self._slices), num_groups + 1).astype(int)
+        return [list(range(self._slices[a][0], self._slices[b - 1][1])) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _workers_of(self, env_ids: Sequence[int]) -> list[int]:
+        ids = list(env_ids)
+        workers = [w for w, (a, b) in enumerate(self._slices) if a < b and a in ids]
+        covered = [i for w in workers for i in range(*self._slices[w])]
+        if not ids or covered != ids:
+            raise EnvError(
+                f"{self._env_id}: chunk env_ids {ids[:8]}... must be whole worker slices in order "
+                f"(worker slices {self._slices}); use chunk_groups() to get valid groups"
+            )
+        return workers
+
+    def _check_idle(self, what: str) -> None:
+        if self._pending:
+            raise EnvError(f"{self._env_id}: {what}() while action chunks are in flight on workers "
+                           f"{sorted(self._pending)}; call chunk_wait() first")
+
+    def chunk_async(self, actions: torch.Tensor, env_ids: Sequence[int]) -> None:
+        """Start executing ``actions [n, H, A]`` on the envs ``env_ids`` (whole workers, see :meth:`chunk_groups`).
+
+        Returns at once; :meth:`chunk_wait` with the same ids collects the outcome. An env whose episode
+        ends inside the chunk is auto-reset and held still (zero actions) for the rest of the chunk.
+
+        Raises:
+            EnvError: for ids that are not whole worker slices, a group already in flight, or a wrong
+                action shape.
+        """
+        workers = self._workers_of(env_ids)
+        busy = [w for w in workers if w in self._pending]
+        if busy:
+            raise EnvError(f"{self._env_id}: workers {busy} already run a chunk; call chunk_wait() first")
+        if not isinstance(actions, torch.Tensor) or actions.ndim != 3 or tuple(actions.shape[::2]) != (
+                len(env_ids), *self.spec.action.shape):
+            shape = list(actions.shape) if isinstance(actions, torch.Tensor) else type(actions).__name__
+            raise EnvError(f"{self._env_id}: chunk actions must be [n_envs={len(env_ids)}, H, "
+                           f"{self.spec.action_dim}], got {shape}")
+        acts = actions.detach().to("cpu", torch.float32).numpy()
+        first = env_ids[0]
+        for w in workers:
+            a, b = self._slices[w]
+            self._conns[w].send(("chunk", acts[a - first : b - first]))
+            self._pending[w] = acts.shape[1]
+
+    def chunk_wait(self, env_ids: Sequence[int]) -> ChunkSteps:
+        """Wait for the chunk started by :meth:`chunk_async` on ``env_ids``; see :class:`ChunkSteps`.
+
+        Raises:
+            EnvError: if no chunk runs on those envs, or a worker failed or died.
+        """
+        workers = self._workers_of(env_ids)
+        if any(w not in self._pending for w in workers):
+            raise EnvError(f"{self._env_id}: no chunk in flight on env_ids {list(env_ids)[:8]}...")
+        per_worker = []
+        for w in workers:
+            horizon = self._pending.pop(w)
+            per_worker.append(self._recv(w))
+        ids = list(env_ids)
+        n, first = len(ids), ids[0]
+        shape = (horizon, n)
+        reward64 = np.zeros(shape, np.float64)
+        flags = np.zeros((3, *shape), bool)
+        terms: dict[str, np.ndarray] = {}
+        texts: dict[tuple[int, int], str] = {}
+        for w, (w_reward, w_flags, w_terms, w_texts) in zip(workers, per_worker):
+            a, b = self._slices[w]
+            cols = slice(a - first, b - first)
+            reward64[:, cols], flags[:, :, cols] = w_reward, w_flags
+            for name, value in w_terms.items():
+                terms.setdefault(name, np.zeros(shape, np.float32))[:, cols] = value
+            for h, j, text in w_texts:
+                texts[h, a + j - first] = text
+        term, trunc, success = flags
+        ended = term | trunc
+        ret, length = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
+        final_task = [self._instructions[i] for i in ids]
+        seen = np.zeros(n, bool)
+        rows = slice(first, first + n)
+        ep_return, ep_len = self._ep_return[rows], self._ep_len[rows]  # views
+        for h in range(horizon):
+            ep_return += reward64[h]
+            ep_len += 1
+            if ended[h].any():
+                d = ended[h]
+                ret[h, d], length[h, d] = ep_return[d], ep_len[d]
+                ep_return[d], ep_len[d] = 0.0, 0
+                for k in np.flatnonzero(d):
+                    if not seen[k]:
+                        final_task[k], seen[k] = self._instructions[first + k], True
+                    self._instructions[first + k] = texts[h, int(k)]
+        reward = reward64.astype(np.float32)
+        final: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in self._final_bufs.items()}
+        final[TASK] = final_task
+        obs: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in self._obs_bufs.items()}
+        obs[TASK] = [self._instructions[i] for i in ids]
+        return ChunkSteps(
+            env_ids=ids, reward=torch.from_numpy(reward), terminated=torch.from_numpy(term),
+            truncated=torch.from_numpy(trunc), success=torch.from_numpy(success),
+            reward_terms={k: torch.from_numpy(v) for k, v in terms.items()},
+            episode_return=torch.from_numpy(ret), episode_length=torch.from_numpy(length), final_obs=final, obs=obs,
+        )
+
+    def expert_actions(self) -> torch.Tensor:
+        """Scripted-expert actions ``[B, A]`` computed inside the workers."""
+        for c in self._conns:
+            c.send(("expert", None))
+        acts = [a for w in range(len(self._conns)) for a in self._recv(w)]
+        return torch.from_numpy(np.stack(acts).astype(np.float32))
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        for c in getattr(self, "_conns", []):
+            try:
+                c.send(("close", None))
+            except Exception:
+                pass
+        for p in getattr(self, "_procs", []):
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for c in getattr(self, "_conns", []):
+            c.close()
+
+
