@@ -7,7 +7,8 @@
 # - EGL for MuJoCo/LIBERO off-screen rendering;
 # - LIBERO's config and assets, offline;
 # - runtime variables so nothing is written to the home folder by surprise.
-set -euo pipefail
+# Errors `return` (never `exit`), so sourcing this from an interactive shell cannot close it; the two
+# scripts that source it run with `set -euo pipefail` and stop on the first failure.
 
 VLA_RL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export VLA_RL_HOME="${VLA_RL_HOME:-$HOME/.cache/vla-rl}"
@@ -57,21 +58,27 @@ print(hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 PY
 }
 
-_system_packages
+_system_packages || return 1
 
 VLA_RL_VENV="${VLA_RL_VENV:-$VLA_RL_HOME/venv-$(_dep_hash)}"
 export VLA_RL_VENV
 if [ ! -f "$VLA_RL_VENV/.vla-rl-complete" ]; then
   PY312="$(_find_python312)" || {
     _log "Python 3.12 is required (LeRobot 0.6 needs >= 3.12): install it (e.g. 'pyenv install 3.12' or your distribution's python3.12) or set VLA_RL_PYTHON"
-    exit 1
+    return 1
   }
   _log "creating the Python 3.12 environment at $VLA_RL_VENV (one time, ~10 min, ~8 GB)"
   rm -rf "$VLA_RL_VENV"
-  "$PY312" -m venv "$VLA_RL_VENV"
-  "$VLA_RL_VENV/bin/pip" install -q --upgrade pip
-  # The dependency set first (pinned in pyproject.toml), then the project itself in editable mode.
-  "$VLA_RL_VENV/bin/pip" install --progress-bar off -e "$VLA_RL_ROOT[ros,dev]" 2>&1 | grep -vE '^(Requirement already|  )' | tail -n 5 >&2
+  "$PY312" -m venv "$VLA_RL_VENV" || return 1
+  "$VLA_RL_VENV/bin/pip" install -q --upgrade pip || return 1
+  # The pinned dependency set of pyproject.toml and the project itself (editable); progress lines only,
+  # the full log in $VLA_RL_HOME/install.log.
+  if ! { "$VLA_RL_VENV/bin/pip" install --progress-bar off -e "$VLA_RL_ROOT[ros,dev]" 2>&1 \
+         | tee "$VLA_RL_HOME/install.log" | grep --line-buffered -E '^(Collecting|Successfully installed)' \
+         | cut -c1-100 >&2; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
+    _log "pip install failed; full log: $VLA_RL_HOME/install.log"
+    return 1
+  fi
   "$VLA_RL_VENV/bin/pip" check >&2 || _log "warning: pip check reported conflicts (see above)"
   touch "$VLA_RL_VENV/.vla-rl-complete"
 else
