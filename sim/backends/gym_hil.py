@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.backends.packaged_gym import PackagedGymOptions
 from sim.core import VecEnv
-from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.vector import build_vec_env
 
@@ -44,7 +44,6 @@ TASKS = {
     "PandaArrangeBoxes-v0": "put each box on its target",
 }
 EE_STEP = 0.025  # m per unit action, gym-hil's DEFAULT_EE_STEP_SIZE
-REWARD_TYPES = ("sparse", "dense")
 
 
 def gripper_to_gym_hil(g: float) -> float:
@@ -61,7 +60,7 @@ def block_state(unwrapped: Any) -> np.ndarray:
 
 
 @dataclass
-class GymHilOptions(SimOptions):
+class GymHilOptions(PackagedGymOptions):
     """Options of the ``gym_hil/*`` envs (common fields: :class:`sim.options.SimOptions`).
 
     Attributes:
@@ -75,15 +74,6 @@ class GymHilOptions(SimOptions):
     image_size: int = 128
     num_workers: int = 0
     wrist_camera: bool = True
-    random_block_position: bool = True
-    reward_type: str = "sparse"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.control_mode not in ("", "ee_delta_pos"):
-            raise ValueError(f"control_mode must be 'ee_delta_pos' (or empty), got {self.control_mode!r}")
-        if self.reward_type not in REWARD_TYPES:
-            raise ValueError(f"reward_type must be one of {REWARD_TYPES}, got {self.reward_type!r}")
 
 
 @ENVS.register("gym_hil", config=GymHilOptions)

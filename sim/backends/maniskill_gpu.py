@@ -27,9 +27,9 @@ from sim.backends.maniskill import (
     DEFAULT_CONTROL_MODE,
     ManiSkillOptions,
     action_spec,
-    observation_spec,
     gym_make_kwargs,
     is_vulkan_failure,
+    observation_spec,
     vulkan_message,
 )
 from sim.backends.maniskill_tasks import TASKS, proprio_state

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.backends.packaged_gym import PackagedGymOptions
 from sim.core import VecEnv
-from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.vector import build_vec_env
 
@@ -41,7 +41,6 @@ TASKS = {
     "SO101PickCube-v0": "pick up the cube",
     "SO101PickPlace-v0": "move the cube to the goal position",
 }
-REWARD_TYPES = ("sparse", "dense")
 
 
 def gripper_to_so101(g: float) -> float:
@@ -82,7 +81,7 @@ class PickPlaceExpert:
 
 
 @dataclass
-class SO101Options(SimOptions):
+class SO101Options(PackagedGymOptions):
     """Options of the ``lerobot_env_so101/*`` envs (common fields: :class:`sim.options.SimOptions`).
 
     Attributes:
@@ -99,17 +98,11 @@ class SO101Options(SimOptions):
     image_size: int = 128
     num_workers: int = 0
     action_scale: float = 0.025
-    random_block_position: bool = True
-    reward_type: str = "sparse"
     top_down_ik: bool = True
     jaw_pads: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.control_mode not in ("", "ee_delta_pos"):
-            raise ValueError(f"control_mode must be 'ee_delta_pos' (or empty), got {self.control_mode!r}")
-        if self.reward_type not in REWARD_TYPES:
-            raise ValueError(f"reward_type must be one of {REWARD_TYPES}, got {self.reward_type!r}")
         if not 0.0 < self.action_scale <= 0.2:
             raise ValueError(f"action_scale must be in (0, 0.2] metres per unit action, got {self.action_scale}")
 
