@@ -97,15 +97,11 @@ class RosNode:
             raise
         self._thread = threading.Thread(target=self._spin, name=f"ros-{name}", daemon=True)
         self._closed = False
-        self._stop = threading.Event()
         self._thread.start()
 
     def _spin(self) -> None:
-        # Short waits, so close() can stop this thread before the node and context are destroyed:
-        # destroying them while the executor waits on them crashes rclpy (seen as a segfault).
         try:
-            while not self._stop.is_set() and self.context.ok():
-                self.executor.spin_once(timeout_sec=0.05)
+            self.executor.spin()
         except Exception as e:  # noqa: BLE001  (context shut down while spinning)
             if not self._closed:
                 log.error("ROS executor of %s stopped: %s", self.node.get_name(), e)
@@ -119,10 +115,6 @@ class RosNode:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-        if self._thread.is_alive():
-            log.warning("ROS executor thread of %s did not stop within 5 s", self.node.get_name())
         try:
             self.executor.shutdown(timeout_sec=1.0)
         except Exception as e:  # noqa: BLE001  (best-effort shutdown)
@@ -132,3 +124,4 @@ class RosNode:
         except Exception as e:  # noqa: BLE001  (best-effort shutdown)
             log.debug("destroy_node: %s", e)
         self.context.try_shutdown()
+        self._thread.join(timeout=2.0)
