@@ -39,10 +39,14 @@ class EnvConfig:
     """Worker processes; -1 = the backend's default, 0 = in this process."""
     control_mode: str = ""
     """Controller name; empty = the backend's default (end-effector delta pose)."""
+    wrist_camera: bool = False
+    """Also emit ``observation.images.wrist`` (``mujoco/*``; LIBERO always does; others reject it)."""
 
     def make(self, num_envs: int | None = None, seed: int | None = None) -> VecEnv:
         """Build the env (``num_envs`` / ``seed`` override the config's)."""
         options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "num_envs", "seed")}
+        if not self.wrist_camera or self.id.startswith("libero/"):
+            options.pop("wrist_camera")  # only backends with an optional wrist camera know the option
         return make_env(
             self.id, num_envs=self.num_envs if num_envs is None else num_envs,
             seed=self.seed if seed is None else seed, **options,
@@ -96,3 +100,6 @@ class CollectConfig:
     """Keep only episodes the expert finished successfully."""
     max_attempts: int = 0
     """Stop after this many episodes even if fewer succeeded; 0 = 3 x episodes."""
+    action_noise: float = 0.0
+    """DART-style noise injection: execute the expert action plus N(0, std^2) (clipped to the action
+    bounds) but record the clean expert action, so demos show how to recover from small errors."""

@@ -68,7 +68,9 @@ def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
     names = {f.name for f in dataclasses.fields(entry.config)}
     derived = spec_fields(spec)
     chosen = options.get("cameras")
-    if chosen and set(chosen) <= set(derived["cameras"]):  # a selection of the env's cameras is kept
+    default = next((f.default for f in dataclasses.fields(entry.config) if f.name == "cameras"), None)
+    # an explicit selection of the env's cameras is kept; the config's default means "all of the env's"
+    if chosen and tuple(chosen) != default and set(chosen) <= set(derived["cameras"]):
         derived["cameras"] = tuple(chosen)
     options.update({k: v for k, v in derived.items() if k in names})
     return entry.obj(entry.config(**options))

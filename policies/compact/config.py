@@ -47,6 +47,10 @@ class CompactFlowConfig:
     """The CNN feature map is pooled to ``image_tokens x image_tokens`` tokens per camera."""
     keypoints: int = 16
     """Spatial-softmax keypoint tokens per camera (expected x, y of K learned maps); 0 disables."""
+    film: bool = True
+    """FiLM-condition the CNNs on the instruction (the keypoints can then track the named object)."""
+    global_cond: bool = True
+    """Add an MLP of ``[state, mean prefix]`` to every action token (a direct path from the observation)."""
     text_encoder: TextEncoderKind = TextEncoderKind.MINILM
     """``minilm`` (frozen pretrained) or ``hashed`` (learned fallback)."""
     text_buckets: int = 4096

@@ -44,17 +44,27 @@ class ImageEncoder(nn.Module):
             maps: each token embeds the expected image coordinates ``(x, y)`` of
             its map, which localizes small objects far more precisely than
             pooled features (0 disables).
+        film_dim: width of a conditioning vector (the instruction embedding) that
+            FiLM-modulates every conv block, ``h <- h * (1 + gamma) + beta`` (as
+            RT-1 conditions its image encoder on language); the keypoint maps can
+            then follow the object the instruction names. 0 disables. The
+            modulation starts at identity (zero-initialized).
     """
 
-    def __init__(self, channels: tuple[int, ...], grid: int, width: int, keypoints: int = 0) -> None:
+    def __init__(self, channels: tuple[int, ...], grid: int, width: int, keypoints: int = 0, film_dim: int = 0) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
+        self.blocks = nn.ModuleList()
+        self.film = nn.ModuleList() if film_dim else None
         c_in = 3
         for i, c in enumerate(channels):
             k = 5 if i == 0 else 3
-            layers += [nn.Conv2d(c_in, c, k, stride=2, padding=k // 2), nn.GroupNorm(min(8, c), c), nn.SiLU()]
+            self.blocks.append(nn.Sequential(nn.Conv2d(c_in, c, k, stride=2, padding=k // 2), nn.GroupNorm(min(8, c), c)))
+            if self.film is not None:
+                film = nn.Linear(film_dim, 2 * c)
+                nn.init.zeros_(film.weight)
+                nn.init.zeros_(film.bias)
+                self.film.append(film)
             c_in = c
-        self.conv = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(grid)
         self.proj = nn.Linear(c_in, width)
         self.pos = nn.Parameter(torch.randn(grid * grid, width) * 0.02)
@@ -64,10 +74,21 @@ class ImageEncoder(nn.Module):
             self.kp_proj = nn.Linear(2, width)
             self.kp_embed = nn.Parameter(torch.randn(keypoints, width) * 0.02)
 
-    def forward(self, images: Tensor) -> Tensor:
-        """Encode ``uint8 [B, H, W, 3]`` RGB images to ``[B, grid^2 (+ keypoints), width]``."""
-        x = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        features = self.conv(x)
+    def forward(self, images: Tensor, cond: Tensor | None = None) -> Tensor:
+        """Encode ``uint8 [B, H, W, 3]`` RGB images (FiLM-conditioned on ``cond [B, film_dim]``) to tokens.
+
+        Returns:
+            ``[B, grid^2 (+ keypoints), width]``.
+        """
+        features = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        for i, block in enumerate(self.blocks):
+            features = block(features)
+            if self.film is not None:
+                if cond is None:
+                    raise ValueError("this image encoder is FiLM-conditioned: pass cond")
+                gamma, beta = self.film[i](cond)[:, :, None, None].chunk(2, dim=1)
+                features = features * (1.0 + gamma) + beta
+            features = F.silu(features)
         tokens = self.proj(self.pool(features).flatten(2).transpose(1, 2)) + self.pos
         if not self.keypoints:
             return tokens
@@ -93,12 +114,22 @@ class ActionExpert(nn.Module):
         width: token width.
         heads: attention heads.
         layers: transformer decoder layers.
+        global_cond: add an MLP of ``[state token, mean prefix token]`` to every action
+            token. Without this direct path the observation reaches the actions only
+            through attention, which few-shot SFT learns too slowly: the sampler then
+            draws from the marginal action distribution and ignores where the object is.
     """
 
-    def __init__(self, state_dim: int, action_dim: int, horizon: int, width: int, heads: int, layers: int) -> None:
+    def __init__(
+        self, state_dim: int, action_dim: int, horizon: int, width: int, heads: int, layers: int,
+        global_cond: bool = True,
+    ) -> None:
         super().__init__()
         self.width = width
         self.state_proj = nn.Linear(state_dim, width)
+        self.cond_mlp = (
+            nn.Sequential(nn.Linear(2 * width, width), nn.SiLU(), nn.Linear(width, width)) if global_cond else None
+        )
         self.action_in = nn.Linear(action_dim, width)
         self.action_time_mlp = nn.Sequential(nn.Linear(2 * width, width), nn.SiLU(), nn.Linear(width, width))
         self.pos = nn.Parameter(torch.randn(horizon + 1, width) * 0.02)
@@ -123,7 +154,10 @@ class ActionExpert(nn.Module):
         act = self.action_in(x_t)
         time = sinusoidal_time_embedding(t, self.width)[:, None, :].expand_as(act)
         act = self.action_time_mlp(torch.cat([act, time], dim=-1))
-        tokens = torch.cat([self.state_proj(state)[:, None, :], act], dim=1) + self.pos
+        state_tok = self.state_proj(state)
+        if self.cond_mlp is not None:
+            act = act + self.cond_mlp(torch.cat([state_tok, prefix.mean(1)], dim=-1))[:, None, :]
+        tokens = torch.cat([state_tok[:, None, :], act], dim=1) + self.pos
         out = self.decoder(tokens, prefix)
         features = out[:, 1:]
         return self.action_out(features), features
@@ -135,16 +169,20 @@ class PrefixEncoder(nn.Module):
     Args:
         num_cameras: number of cameras (one CNN each).
         channels, grid, keypoints: CNN settings (see :class:`ImageEncoder`).
+        film: FiLM-condition every CNN on the instruction embedding.
         text_dim: width of the instruction embedding.
         width, heads, layers: the prefix transformer.
     """
 
     def __init__(
         self, num_cameras: int, channels: tuple[int, ...], grid: int, text_dim: int, width: int, heads: int,
-        layers: int, keypoints: int = 0,
+        layers: int, keypoints: int = 0, film: bool = False,
     ) -> None:
         super().__init__()
-        self.cameras = nn.ModuleList(ImageEncoder(channels, grid, width, keypoints) for _ in range(num_cameras))
+        film_dim = text_dim if film else 0
+        self.cameras = nn.ModuleList(
+            ImageEncoder(channels, grid, width, keypoints, film_dim) for _ in range(num_cameras)
+        )
         self.camera_embed = nn.Parameter(torch.randn(num_cameras + 1, width) * 0.02)
         self.text_proj = nn.Linear(text_dim, width)
         self.encoder: nn.Module
@@ -160,7 +198,7 @@ class PrefixEncoder(nn.Module):
     def forward(self, images: list[Tensor], text: Tensor) -> Tensor:
         """Encode per-camera ``uint8 [B, H, W, 3]`` images and ``text [B, text_dim]`` to ``[B, N, width]``."""
         pairs = enumerate(zip(self.cameras, images, strict=True))
-        tokens = [enc(img) + self.camera_embed[i] for i, (enc, img) in pairs]
+        tokens = [enc(img, text) + self.camera_embed[i] for i, (enc, img) in pairs]
         tokens.append((self.text_proj(text) + self.camera_embed[-1])[:, None, :])
         return self.encoder(torch.cat(tokens, dim=1))
 

@@ -69,9 +69,12 @@ class CompactFlowPolicy(FlowPolicy):
             self.hashed_text = HashedBagOfWords(c.text_buckets, c.width)
             text_dim = c.width
         self.prefix = PrefixEncoder(
-            len(c.cameras), c.cnn_channels, c.image_tokens, text_dim, c.width, c.heads, c.prefix_layers, c.keypoints
+            len(c.cameras), c.cnn_channels, c.image_tokens, text_dim, c.width, c.heads, c.prefix_layers, c.keypoints,
+            c.film,
         )
-        self.expert = ActionExpert(c.state_dim, c.action_dim, c.chunk_size, c.width, c.heads, c.expert_layers)
+        self.expert = ActionExpert(
+            c.state_dim, c.action_dim, c.chunk_size, c.width, c.heads, c.expert_layers, c.global_cond
+        )
         self.register_buffer("state_mean", torch.zeros(c.state_dim))
         self.register_buffer("state_std", torch.ones(c.state_dim))
         self.register_buffer("action_mean", torch.zeros(c.action_dim))

@@ -224,7 +224,9 @@ class TabletopEnv(SingleEnv):
         """The scripted expert's next action ``float32 [4]`` (see :mod:`sim.mujoco_tasks.expert`)."""
         if self._state is None:
             raise EnvError(f"{self.cfg.env_id}: expert_action() called before reset()")
-        return self.expert.act(self.task, self._state, self.gripper_closure(), self.controller.target)
+        # steer from the measured pinch point, not the controller's hidden target: then every input of the
+        # expert is in the observation (cube poses aside), so a policy imitating it can be Markov
+        return self.expert.act(self.task, self._state, self.gripper_closure(), self._state.pinch.copy())
 
     def close(self) -> None:
         """Free the renderer's GL context. Idempotent."""

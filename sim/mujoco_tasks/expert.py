@@ -10,9 +10,10 @@ at every step (so a slipped grasp or a drifting push is corrected):
   through the cube, push along that line (re-aimed every step), stop when
   the cube is on the pad centre.
 
-Actions steer the controller's pinch target (read from the controller, not
-the lagging measured pinch point), so ``(goal - target) / max_step`` moves the
-target exactly onto the goal when it is within one step.
+Actions are ``(goal - reference) / max_step``, clipped. The env passes the
+measured pinch point as the reference (not the controller's integrated target,
+which a policy cannot observe), so the expert is a function of the observation
+plus the cube poses: what an imitating policy needs.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_evaluate_reproduces_act_and_gradients_reach_trained_params(
     torch.testing.assert_close(value, out.value, rtol=1e-5, atol=1e-5)
     assert entropy.shape == logp.shape
     (logp.sum() + value.sum() + 0.01 * entropy.sum()).backward()
-    for name in ("prefix.cameras.0.conv.0.weight", "prefix.cameras.1.proj.weight", "prefix.text_proj.weight",
+    for name in ("prefix.cameras.0.blocks.0.0.weight", "prefix.cameras.1.proj.weight", "prefix.text_proj.weight",
                  "hashed_text.bag.weight", "expert.action_out.weight", "expert.state_proj.weight",
                  "value_head.net.3.weight"):
         grad = dict(policy.named_parameters())[name].grad
@@ -194,3 +194,22 @@ def test_minilm_text_encoder_is_frozen_cached_and_distinguishes_instructions() -
     assert float(similar @ emb[0]) > float(emb[2] @ emb[0])  # a real sentence encoder, not random
     out = policy.act(make_obs())
     assert out.actions.shape == (3, 4, 3)
+
+
+def test_global_conditioning_is_a_direct_path_from_the_observation_to_the_actions() -> None:
+    """With ``global_cond`` the velocity depends on the state through the MLP even with attention cut off."""
+    torch.manual_seed(0)
+    with_cond = CompactFlowPolicy(tiny_config())
+    without = CompactFlowPolicy(tiny_config(global_cond=False))
+    assert with_cond.expert.cond_mlp is not None and without.expert.cond_mlp is None
+    n_with = sum(p.numel() for p in with_cond.parameters())
+    n_without = sum(p.numel() for p in without.parameters())
+    assert n_with > n_without
+    expert = with_cond.expert
+    x = torch.randn(2, expert.pos.shape[0] - 1, with_cond.config.action_dim)
+    t = torch.full((2,), 0.5)
+    prefix = torch.randn(2, 3, with_cond.config.width)
+    state = torch.randn(2, with_cond.config.state_dim)
+    v1, _ = expert(state, x, t, prefix)
+    v2, _ = expert(state + 1.0, x, t, prefix)
+    assert not torch.allclose(v1, v2)

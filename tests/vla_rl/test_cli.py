@@ -101,3 +101,38 @@ def test_console_command_exits_zero_and_prints_only_its_output():
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["gym_hil/PandaPickCube-v0", "gym_hil/PandaArrangeBoxes-v0"]
+
+
+def test_collect_with_action_noise_records_clean_expert_labels(tmp_path):
+    """DART noise: the env executes noisy actions, the dataset keeps the expert's own (clean) actions."""
+    import torch
+
+    from sim import make_env
+    from sim.dataset import load_dataset
+    from vla_rl.commands.collect import collect_demos
+
+    with make_env("mujoco/pick-red", num_envs=2, seed=3, obs_mode="state") as env:
+        stats = collect_demos(env, tmp_path / "noisy", 2, "local/t", action_noise=0.3, seed=1)
+    with make_env("mujoco/pick-red", num_envs=2, seed=3, obs_mode="state") as env:
+        collect_demos(env, tmp_path / "clean", 2, "local/t")
+    noisy, clean = load_dataset(tmp_path / "noisy"), load_dataset(tmp_path / "clean")
+    actions = torch.stack([noisy[i]["action"] for i in range(len(noisy))])
+    assert stats["saved"] == 2 and actions.shape[-1] == 4
+    # Labels are the expert's: xyz saturate at exactly +-1 (noisy actions essentially never would) and
+    # the gripper is exactly open or closed.
+    assert (actions[:, :3].abs() == 1.0).float().mean() > 0.1
+    assert set(actions[:, 3].tolist()) <= {-1.0, 1.0}
+    # ... while the executed actions were noisy: the same seeds visit other states than without noise.
+    assert not torch.allclose(noisy[3]["observation.state"], clean[3]["observation.state"])
+    with pytest.raises(ValueError, match="action_noise"):
+        with make_env("mujoco/pick-red", num_envs=1, seed=3, obs_mode="state") as env:
+            collect_demos(env, tmp_path / "bad", 1, "local/t", action_noise=-0.1)
+
+
+def test_env_config_wrist_camera_reaches_the_backend():
+    from vla_rl.config import EnvConfig
+
+    with EnvConfig(id="mujoco/pick-red", num_envs=1, wrist_camera=True, num_workers=0).make() as env:
+        assert env.spec.cameras == ("front", "wrist")
+    with EnvConfig(id="mujoco/pick-red", num_envs=1, num_workers=0).make() as env:
+        assert env.spec.cameras == ("front",)

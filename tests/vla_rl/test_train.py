@@ -96,3 +96,17 @@ def test_sigkill_mid_iteration_then_resume_continues_exactly(tmp_path):
     pa = load_file(straight / "checkpoints" / "iter_000008" / "policy" / "model.safetensors")
     pb = load_file(killed / "checkpoints" / "iter_000008" / "policy" / "model.safetensors")
     assert pa.keys() == pb.keys() and all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
+
+
+def test_build_policy_uses_every_env_camera_unless_a_selection_is_given():
+    from sim import make_env
+    from vla_rl.train_config import POLICY_CHOICES, TrainConfig
+    from vla_rl.trainer import build_policy
+
+    small = dict(text_encoder="hashed", width=32, heads=2, cnn_channels=(8, 16), image_tokens=2)
+    with make_env("mujoco/pick-red", num_envs=1, wrist_camera=True, num_workers=0, image_size=32) as env:
+        spec = env.spec
+    default = build_policy(TrainConfig(policy=POLICY_CHOICES["compact-flow"](**small)), spec)
+    assert default.config.cameras == ("front", "wrist")
+    chosen = build_policy(TrainConfig(policy=POLICY_CHOICES["compact-flow"](cameras=("wrist",), **small)), spec)
+    assert chosen.config.cameras == ("wrist",)

@@ -71,7 +71,10 @@ class AlgoConfig:
     kl_coef: float = 0.0
     """Weight of the k3 KL to the starting policy; 0 disables (and keeps no reference copy)."""
     max_grad_norm: float = 1.0
-    """Gradient-norm clip."""
+    """Gradient-norm clip, applied to the actor's and the critic's parameters separately."""
+    value_grad_to_actor: bool = False
+    """Let the value loss also update the actor's parameters it flows through (a shared trunk). Off: the
+    value loss trains only the critic's own parameters, so critic noise cannot move the policy."""
     critic_warmup_iters: int = 0
     """Iterations at the start during which only the critic learns."""
     normalize_advantages: bool = True
@@ -171,16 +174,22 @@ class Learner:
                         _add(stats, {"kl_ref": kl})
                 if self.uses_critic and value is not None:
                     vl, vs = value_loss(value.float(), old_values[idx], ret_f[idx], cfg.value_clip or None, cfg.huber_delta or None)
-                    loss = loss + cfg.vf_coef * vl
                     _add(stats, vs)
-                (loss / cfg.grad_accum_steps).backward()
+                    if cfg.value_grad_to_actor and not warmup:
+                        loss = loss + cfg.vf_coef * vl
+                    else:  # the value loss reaches only the critic's own parameters
+                        self._accumulate(cfg.vf_coef * vl / cfg.grad_accum_steps, retain=loss.requires_grad)
+                    loss = loss + (cfg.vf_coef * vl).detach()
+                if loss.requires_grad:
+                    (loss / cfg.grad_accum_steps).backward()
                 if (j + 1) % cfg.grad_accum_steps == 0 or j == len(batches) - 1:
-                    params = [p for g in self.optimizer.param_groups for p in g["params"]]
-                    norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                    _add(stats, {"grad_norm": norm})
-                    if warmup:  # actor frozen: drop its gradients
-                        for p in self.optimizer.param_groups[0]["params"]:
-                            p.grad = None
+                    for group in self.optimizer.param_groups:
+                        if warmup and group["name"] == "actor":  # actor frozen: drop its gradients
+                            for p in group["params"]:
+                                p.grad = None
+                            continue
+                        norm = torch.nn.utils.clip_grad_norm_(group["params"], cfg.max_grad_norm)
+                        _add(stats, {f"grad_norm_{group['name']}": norm})
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                 _add(stats, {"loss": loss.detach()})
@@ -194,6 +203,14 @@ class Learner:
         out["update/critic_warmup"] = float(warmup)
         out["update/decisions"] = float(n)
         return out
+
+    def _accumulate(self, loss: Tensor, retain: bool) -> None:
+        """Add ``d loss / d critic parameters`` to their ``.grad`` (and nothing to the actor's)."""
+        critic = [p for g in self.optimizer.param_groups if g["name"] == "critic" for p in g["params"]]
+        grads = torch.autograd.grad(loss, critic, retain_graph=retain, allow_unused=True)
+        for p, g in zip(critic, grads, strict=True):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "iteration": self.iteration}

@@ -19,12 +19,18 @@ def default_demo_dir(env_id: str, seed: int) -> Path:
 
 
 def collect_demos(
-    env: VecEnv, root: Path, episodes: int, repo_id: str, only_success: bool = True, max_attempts: int = 0
+    env: VecEnv, root: Path, episodes: int, repo_id: str, only_success: bool = True, max_attempts: int = 0,
+    action_noise: float = 0.0, seed: int = 0,
 ) -> dict[str, int]:
     """Record ``episodes`` expert episodes from ``env`` into a new dataset at ``root``.
 
     Every env runs its own episode; frames are buffered per env and written
     when that env's episode ends (kept only if successful when ``only_success``).
+    With ``action_noise > 0`` the env executes the expert action plus Gaussian
+    noise of that std (seeded by ``seed``, clipped to the action bounds) while
+    the dataset records the clean expert action (DART, Laskey et al. 2017): the
+    demos then visit states slightly off the expert's path and label how the
+    expert recovers from them, which few-shot imitation needs most.
 
     Returns:
         ``{"saved": n, "attempted": m, "successes": k, "frames": f}``.
@@ -33,6 +39,11 @@ def collect_demos(
         RuntimeError: when fewer than ``episodes`` could be saved within ``max_attempts``.
     """
     max_attempts = max_attempts or 3 * episodes
+    if action_noise < 0:
+        raise ValueError(f"action_noise must be >= 0, got {action_noise}")
+    gen = torch.Generator().manual_seed(seed)
+    low = env.spec.action.low if env.spec.action.low is not None else -1.0
+    high = env.spec.action.high if env.spec.action.high is not None else 1.0
     rec = EpisodeRecorder(root, repo_id, env.spec, fps=round(env.spec.control_freq))
     buffers: list[list[tuple]] = [[] for _ in range(env.num_envs)]
     obs = env.reset()
@@ -41,7 +52,11 @@ def collect_demos(
         while rec.num_episodes < episodes and attempted < max_attempts:
             actions = env.expert_actions()
             prev = obs
-            obs, reward, term, trunc, info = env.step(actions)
+            executed = actions
+            if action_noise > 0:
+                noise = torch.randn(actions.shape, generator=gen) * action_noise
+                executed = (actions + noise.to(actions.dtype)).clamp(low, high)
+            obs, reward, term, trunc, info = env.step(executed)
             done = term | trunc
             for i in range(env.num_envs):
                 row = {k: (v[i] if isinstance(v, torch.Tensor) else v[i]) for k, v in prev.items()}
@@ -72,7 +87,9 @@ def collect_demos(
 def collect(cfg: CollectConfig) -> dict[str, int]:
     root = Path(cfg.output) if cfg.output else default_demo_dir(cfg.env.id, cfg.env.seed)
     with cfg.env.make() as env:
-        stats = collect_demos(env, root, cfg.episodes, cfg.repo_id, cfg.only_success, cfg.max_attempts)
+        stats = collect_demos(
+            env, root, cfg.episodes, cfg.repo_id, cfg.only_success, cfg.max_attempts, cfg.action_noise, cfg.env.seed
+        )
     print(
         f"saved {stats['saved']} episodes ({stats['frames']} frames) to {root}; "
         f"expert success {stats['successes']}/{stats['attempted']}"

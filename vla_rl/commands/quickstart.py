@@ -36,15 +36,15 @@ from vla_rl.trainer import Trainer, build_policy, check_episode_fits, seed_every
 
 
 def _quickstart_env() -> EnvConfig:
-    return EnvConfig(id="mujoco/pick-any", num_envs=8, obs_mode="rgb", num_workers=0)
+    return EnvConfig(id="mujoco/pick-any", num_envs=8, obs_mode="rgb", num_workers=0, wrist_camera=True)
 
 
 def _quickstart_policy() -> PolicyConfig:
-    return POLICY_CHOICES["compact-flow"](sampler=SamplerConfig(kind=SamplerKind.FLOW_SDE))
+    return POLICY_CHOICES["compact-flow"](chunk_size=4, sampler=SamplerConfig(kind=SamplerKind.FLOW_SDE))
 
 
 def _quickstart_algo() -> AlgoConfig:
-    return AlgoConfig(name="ppo", decisions_per_iter=7, epochs=2, minibatch_size=64, lr_actor=3e-5, lr_critic=1e-3,
+    return AlgoConfig(name="ppo", decisions_per_iter=13, epochs=2, minibatch_size=64, lr_actor=3e-5, lr_critic=1e-3,
                       critic_warmup_iters=2)
 
 
@@ -55,10 +55,12 @@ class QuickstartConfig:
     env: EnvConfig = field(default_factory=_quickstart_env)
     policy: PolicyConfig = field(default_factory=_quickstart_policy)
     algo: AlgoConfig = field(default_factory=_quickstart_algo)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=1500, episodes=10))
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=2500, episodes=200))
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    demos: int = 20
+    demos: int = 200
     """Expert demos collected (cached); ``sft.episodes`` of them are used for pre-training."""
+    demo_noise: float = 0.3
+    """Std of the noise injected into executed demo actions (labels stay clean; see ``collect_demos``)."""
     iterations: int = 15
     """PPO iterations."""
     eval_episodes: int = 100
@@ -86,7 +88,8 @@ class QuickstartConfig:
 def _demo_root(cfg: QuickstartConfig) -> Path:
     base = Path(cfg.demo_cache) if cfg.demo_cache else Path(os.environ.get("VLA_RL_HOME", "data")) / "demos"
     e = cfg.env
-    return base / f"{e.id.replace('/', '-')}-{e.obs_mode}{e.image_size}-n{cfg.demos}-s{cfg.seed}"
+    cams = "-wrist" if e.wrist_camera else ""
+    return base / f"{e.id.replace('/', '-')}-{e.obs_mode}{e.image_size}{cams}-n{cfg.demos}-noise{cfg.demo_noise:g}-s{cfg.seed}"
 
 
 def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
@@ -109,7 +112,8 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     if not (demo_root / "meta" / "info.json").exists():
         print(f"[1/4] collecting {cfg.demos} expert demos -> {demo_root}")
         with cfg.env.make(seed=cfg.seed + 500_000) as env:
-            collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos")
+            collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos", action_noise=cfg.demo_noise,
+                          seed=cfg.seed)
     else:
         print(f"[1/4] reusing cached demos {demo_root}")
     stages["demos"] = time.perf_counter() - t
