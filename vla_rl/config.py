@@ -42,11 +42,22 @@ class EnvConfig:
     wrist_camera: bool = False
     """Also emit ``observation.images.wrist`` (``mujoco/*``; LIBERO always does; others reject it)."""
 
+    def has_optional_wrist_camera(self) -> bool:
+        """Whether the backend of ``id`` has a wrist camera that ``wrist_camera`` switches on."""
+        from sim.registry import ENVS
+
+        prefix = self.id.partition("/")[0]
+        entry = ENVS.get(prefix) if prefix in ENVS else None
+        return entry is not None and entry.config is not None and "wrist_camera" in {f.name for f in fields(entry.config)}
+
     def make(self, num_envs: int | None = None, seed: int | None = None) -> VecEnv:
         """Build the env (``num_envs`` / ``seed`` override the config's)."""
         options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "num_envs", "seed")}
-        if not self.wrist_camera or self.id.startswith("libero/"):
-            options.pop("wrist_camera")  # only backends with an optional wrist camera know the option
+        if not self.wrist_camera or self.id.startswith("libero/"):  # LIBERO always renders its wrist camera
+            options.pop("wrist_camera")
+        elif not self.has_optional_wrist_camera():
+            raise ConfigError(f"env.wrist_camera: {self.id} has no optional wrist camera (mujoco/* has; "
+                              "libero/* always renders one)")
         return make_env(
             self.id, num_envs=self.num_envs if num_envs is None else num_envs,
             seed=self.seed if seed is None else seed, **options,

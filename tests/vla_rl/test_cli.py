@@ -136,3 +136,7 @@ def test_env_config_wrist_camera_reaches_the_backend():
         assert env.spec.cameras == ("front", "wrist")
     with EnvConfig(id="mujoco/pick-red", num_envs=1, num_workers=0).make() as env:
         assert env.spec.cameras == ("front",)
+    from vla_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="env.wrist_camera: maniskill/PickCube-v1"):
+        EnvConfig(id="maniskill/PickCube-v1", wrist_camera=True).make()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 
 from policies.base import ActMode
@@ -110,3 +111,45 @@ def test_update_skips_when_dynamic_sampling_drops_every_group():
     stats = learner.update(learner.collect(engine, [1, 2]))
     assert stats == {"update/skipped": 1.0}
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+
+class _SharedTrunkPolicy(GaussianPolicy):
+    """The Gaussian toy policy with a trunk shared by the action mean and the value head."""
+
+    def __init__(self) -> None:
+        super().__init__(2, 1, horizon=2)
+        self.trunk = torch.nn.Linear(2, 2)
+        self.value_head = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.mu = torch.nn.Linear(2, 2)
+
+    def _dist(self, obs):
+        return torch.distributions.Normal(self.mu(self.trunk(obs[OBS_STATE])), self.log_std.exp())
+
+    def value(self, obs):
+        return self.value_head(self.trunk(obs[OBS_STATE])).squeeze(-1)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_value_loss_reaches_the_shared_trunk_only_when_asked(shared):
+    """``value_grad_to_actor=False`` (default): the actor's gradient is the policy loss's alone."""
+    import copy
+
+    torch.manual_seed(0)
+    base = _SharedTrunkPolicy()
+    engine = RolloutEngine(_env(n=4, steps=4, goal=0.3), base)
+    engine.reset(seed=0)
+    rollout = engine.collect(3)
+
+    def trunk_grad(vf_coef: float) -> torch.Tensor:
+        policy = copy.deepcopy(base)
+        cfg = AlgoConfig(epochs=1, minibatch_size=64, vf_coef=vf_coef, max_grad_norm=1e9, value_grad_to_actor=shared)
+        learner = PPOLearner(cfg, policy)
+        seen = []
+        learner.optimizer.step = lambda: seen.append(policy.trunk.weight.grad.clone())
+        torch.manual_seed(1)
+        learner.update(rollout)
+        return seen[0]
+
+    with_value, without_value = trunk_grad(0.5), trunk_grad(0.0)
+    assert float(without_value.abs().sum()) > 0
+    assert torch.allclose(with_value, without_value) != shared

@@ -23,7 +23,7 @@ from typing import Any
 import draccus
 import torch
 
-from policies.flow.sampler import SamplerConfig, SamplerKind
+from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode
 from vla_rl.algorithms.learners import AlgoConfig
 from vla_rl.commands import COMMANDS
 from vla_rl.commands.collect import collect_demos
@@ -36,16 +36,20 @@ from vla_rl.trainer import Trainer, build_policy, check_episode_fits, seed_every
 
 
 def _quickstart_env() -> EnvConfig:
-    return EnvConfig(id="mujoco/pick-any", num_envs=8, obs_mode="rgb", num_workers=0, wrist_camera=True)
+    if torch.cuda.is_available():  # ManiSkill's GPU backend (picked automatically with CUDA), more envs
+        return EnvConfig(id="maniskill/PickCube-v1", num_envs=64, obs_mode="rgb", image_size=64)
+    return EnvConfig(id="mujoco/pick-any", num_envs=16, obs_mode="rgb", num_workers=0, wrist_camera=True)
 
 
 def _quickstart_policy() -> PolicyConfig:
-    return POLICY_CHOICES["compact-flow"](chunk_size=4, sampler=SamplerConfig(kind=SamplerKind.FLOW_SDE))
+    return POLICY_CHOICES["compact-flow"](
+        chunk_size=4, sampler=SamplerConfig(kind=SamplerKind.FLOW_SDE, sde_mode=SdeMode.FULL_CHAIN)
+    )
 
 
 def _quickstart_algo() -> AlgoConfig:
-    return AlgoConfig(name="ppo", decisions_per_iter=13, epochs=2, minibatch_size=64, lr_actor=3e-5, lr_critic=1e-3,
-                      critic_warmup_iters=2)
+    return AlgoConfig(name="ppo", decisions_per_iter=6, epochs=4, minibatch_size=96, lr_actor=3e-5, lr_critic=1e-3,
+                      target_kl=0.05, critic_warmup_iters=3)
 
 
 @dataclass
@@ -55,13 +59,13 @@ class QuickstartConfig:
     env: EnvConfig = field(default_factory=_quickstart_env)
     policy: PolicyConfig = field(default_factory=_quickstart_policy)
     algo: AlgoConfig = field(default_factory=_quickstart_algo)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=2500, episodes=200))
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=1500, episodes=50))
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    demos: int = 200
+    demos: int = 50
     """Expert demos collected (cached); ``sft.episodes`` of them are used for pre-training."""
     demo_noise: float = 0.3
     """Std of the noise injected into executed demo actions (labels stay clean; see ``collect_demos``)."""
-    iterations: int = 15
+    iterations: int = 60
     """PPO iterations."""
     eval_episodes: int = 100
     """Episodes per evaluation (before and after RL, same held-out seeds)."""
@@ -99,6 +103,9 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / name
     if run_dir.exists() and not cfg.resume:
         raise FileExistsError(f"{run_dir} exists; pass --resume true to finish it, or --name/--run_dir for a new run")
+    if cfg.env.wrist_camera and not cfg.env.has_optional_wrist_camera():
+        print(f"note: {cfg.env.id} has no optional wrist camera; using its default cameras")
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, wrist_camera=False))
     train_cfg = _train_config(cfg, run_dir, policy_path="")
     with cfg.env.make(num_envs=1) as env:
         spec = env.spec
@@ -173,7 +180,7 @@ def _train_config(cfg: QuickstartConfig, run_dir: Path, policy_path: str) -> Tra
     """The RL stage's config (``policy_path`` empty: a fresh policy, for pre-training)."""
     return TrainConfig(
         env=cfg.env, policy=dataclasses.replace(cfg.policy, path=policy_path), algo=cfg.algo, logging=cfg.logging,
-        iterations=cfg.iterations, seed=cfg.seed, run_dir=str(run_dir),
+        iterations=cfg.iterations, seed=cfg.seed, run_dir=str(run_dir), reset_every_iteration=False,
         resume=cfg.resume or (run_dir / "checkpoints").exists(),
         eval=EvalConfig(episodes=cfg.eval_episodes, seed=1_000_000 + cfg.seed * 10_000, every=cfg.eval_every,
                         video=True),
