@@ -15,6 +15,11 @@ joint states.
 at once, so the log survives a kill) — the ground truth of "what reached the
 arm" for the fault tests and the benchmark's transport latency.
 
+``--parent-pid PID`` stops the node once process ``PID`` is no longer its
+parent (test harnesses: an arm left running by a crashed test session would
+otherwise keep publishing on its ROS domain and answer the next session's
+runner in place of that session's own arm).
+
 Run::
 
     python -m hardware.ros2.sim_node --model so101 --camera front --domain-id 7
@@ -232,8 +237,17 @@ class SimArmNode:
             self._log = None
 
 
+def _stop_when_orphaned(parent: int, done: threading.Event, period: float = 0.2) -> None:
+    """Set ``done`` once this process's parent is no longer ``parent`` (it exited; we were re-parented)."""
+    while os.getppid() == parent:
+        if done.wait(period):
+            return
+    log.warning("parent process %d is gone: stopping", parent)
+    done.set()
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run a simulated arm node until SIGINT / SIGTERM (or ``--duration``)."""
+    """Run a simulated arm node until SIGINT / SIGTERM (or ``--duration``, or ``--parent-pid``'s exit)."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -249,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--command-log", type=Path, default=None, help="append received commands here (JSON lines)")
     p.add_argument("--ready-file", type=Path, default=None, help="touched once the node is up")
     p.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0: run until signalled)")
+    p.add_argument(
+        "--parent-pid", type=int, default=0, help="exit once this process is no longer our parent (0: never)"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sim_arm %(levelname)s %(message)s")
     arm = MujocoArm(args.model, image_size=(args.image_size, args.image_size))
@@ -266,6 +283,10 @@ def main(argv: list[str] | None = None) -> None:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
+    if args.parent_pid > 0:
+        threading.Thread(
+            target=_stop_when_orphaned, args=(args.parent_pid, done), name="sim-arm-parent", daemon=True
+        ).start()
     log.info(
         "simulated %s up: joints %s, limits %s..%s",
         args.model,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hardware.ros2.runtime import ros_available
+from tests.hardware.domains import lock_fd
 
 ROS_OK, ROS_REASON = ros_available()
 requires_ros = [pytest.mark.ros, pytest.mark.skipif(not ROS_OK, reason=f"ROS 2 not available: {ROS_REASON}")]
@@ -58,7 +59,11 @@ class SimArmProcess:
 
 
 def start_sim_arm(tmp: Path, domain: int, cameras: tuple[str, ...] = (), model: str = "so101") -> SimArmProcess:
-    """Start the simulated arm node and wait until it is up (not until discovered)."""
+    """Start the simulated arm node and wait until it is up (not until discovered).
+
+    The node exits with this process, and holds ``domain``'s lock (when this process took
+    ``domain`` from a :class:`~tests.hardware.domains.DomainPool`) until it exits.
+    """
     tmp.mkdir(parents=True, exist_ok=True)
     ready, log_path = tmp / "ready.json", tmp / "commands.jsonl"
     cmd = [
@@ -77,11 +82,22 @@ def start_sim_arm(tmp: Path, domain: int, cameras: tuple[str, ...] = (), model: 
         "100",
         "--camera-hz",
         "10",
+        "--parent-pid",  # a crashed session leaves no arm behind on its domain
+        str(os.getpid()),
     ]
     for cam in cameras:
         cmd += ["--camera", cam]
     env = dict(os.environ, PYTHONPATH=str(REPO), MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "node.err", "w"))  # noqa: SIM115
+    ready.unlink(missing_ok=True)  # only this start's file counts
+    lock = lock_fd(domain)  # the arm holds its domain's reservation for as long as it runs
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "node.err", "w"),  # noqa: SIM115
+        pass_fds=() if lock is None else (lock,),
+    )
     deadline = time.monotonic() + 90
     while not ready.exists():
         if proc.poll() is not None:
