@@ -68,14 +68,14 @@ def test_ctrl_c_during_rl_then_resume_finishes(tmp_path):
     assert report["iterations"] == 4 and (run / "checkpoints" / "iter_000004").exists()
 
 
-def test_iteration_shorter_than_an_episode_fails_before_any_work(tmp_path, capsys):
+def test_chunk_longer_than_an_episode_fails_before_any_work(tmp_path, capsys):
     import pytest
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit):
-        vla_rl(["quickstart", *TOY, "--algo.decisions_per_iter", "2", "--run_dir", str(run),
+        vla_rl(["quickstart", *TOY, "--policy.chunk_size", "30", "--run_dir", str(run),
                 "--demo_cache", str(tmp_path / "cache")])
-    assert "algo.decisions_per_iter" in capsys.readouterr().err
+    assert "policy.chunk_size" in capsys.readouterr().err
     assert not run.exists() and not (tmp_path / "cache").exists()
 
 

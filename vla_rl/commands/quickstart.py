@@ -27,7 +27,7 @@ from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode
 from vla_rl.algorithms.learners import AlgoConfig
 from vla_rl.commands import COMMANDS
 from vla_rl.commands.collect import collect_demos
-from vla_rl.config import EnvConfig, default_runs_dir
+from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
 from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.sft import SFTConfig, load_demo_chunks, pretrain
@@ -106,7 +106,10 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     if cfg.env.wrist_camera and not cfg.env.has_optional_wrist_camera():
         print(f"note: {cfg.env.id} has no optional wrist camera; using its default cameras")
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, wrist_camera=False))
-    train_cfg = _train_config(cfg, run_dir, policy_path="")
+    try:
+        train_cfg = _train_config(cfg, run_dir, policy_path="")
+    except ValueError as exc:  # a field combination the RL stage rejects: report it like a parse error
+        raise ConfigError(str(exc)) from None
     with cfg.env.make(num_envs=1) as env:
         spec = env.spec
     check_episode_fits(train_cfg, spec, train_cfg.exec_steps or getattr(cfg.policy, "chunk_size", 0))
