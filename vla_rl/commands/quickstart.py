@@ -59,13 +59,13 @@ class QuickstartConfig:
     env: EnvConfig = field(default_factory=_quickstart_env)
     policy: PolicyConfig = field(default_factory=_quickstart_policy)
     algo: AlgoConfig = field(default_factory=_quickstart_algo)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=1500, episodes=50))
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=700, episodes=50))
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     demos: int = 50
     """Expert demos collected (cached); ``sft.episodes`` of them are used for pre-training."""
     demo_noise: float = 0.3
     """Std of the noise injected into executed demo actions (labels stay clean; see ``collect_demos``)."""
-    iterations: int = 60
+    iterations: int = 160
     """PPO iterations."""
     eval_episodes: int = 100
     """Episodes per evaluation (before and after RL, same held-out seeds)."""
