@@ -48,7 +48,9 @@ class EnvConfig:
 
         prefix = self.id.partition("/")[0]
         entry = ENVS.get(prefix) if prefix in ENVS else None
-        return entry is not None and entry.config is not None and "wrist_camera" in {f.name for f in fields(entry.config)}
+        if entry is None or entry.config is None:
+            return False
+        return "wrist_camera" in {f.name for f in fields(entry.config)}
 
     def make(self, num_envs: int | None = None, seed: int | None = None) -> VecEnv:
         """Build the env (``num_envs`` / ``seed`` override the config's)."""

@@ -58,7 +58,8 @@ class ImageEncoder(nn.Module):
         c_in = 3
         for i, c in enumerate(channels):
             k = 5 if i == 0 else 3
-            self.blocks.append(nn.Sequential(nn.Conv2d(c_in, c, k, stride=2, padding=k // 2), nn.GroupNorm(min(8, c), c)))
+            conv = nn.Conv2d(c_in, c, k, stride=2, padding=k // 2)
+            self.blocks.append(nn.Sequential(conv, nn.GroupNorm(min(8, c), c)))
             if self.film is not None:
                 film = nn.Linear(film_dim, 2 * c)
                 nn.init.zeros_(film.weight)

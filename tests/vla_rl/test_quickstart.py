@@ -1,4 +1,7 @@
-"""The quickstart pipeline: every stage at toy size (report schema, files, demo reuse, resume), and one slow real-size RL gain."""
+"""The quickstart pipeline: every stage at toy size (report schema, files, demo reuse, resume).
+
+Plus one slow test of the real-size RL gain.
+"""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.sft import SFTConfig, load_demo_chunks, pretrain
 from vla_rl.train_config import POLICY_CHOICES, EvalConfig, PolicyConfig, TrainConfig
-from vla_rl.trainer import Trainer, build_policy, check_episode_fits, seed_everything
+from vla_rl.trainer import Trainer, build_policy, seed_everything
 
 
 def _quickstart_env() -> EnvConfig:
@@ -93,7 +93,8 @@ def _demo_root(cfg: QuickstartConfig) -> Path:
     base = Path(cfg.demo_cache) if cfg.demo_cache else Path(os.environ.get("VLA_RL_HOME", "data")) / "demos"
     e = cfg.env
     cams = "-wrist" if e.wrist_camera else ""
-    return base / f"{e.id.replace('/', '-')}-{e.obs_mode}{e.image_size}{cams}-n{cfg.demos}-noise{cfg.demo_noise:g}-s{cfg.seed}"
+    name = f"{e.id.replace('/', '-')}-{e.obs_mode}{e.image_size}{cams}-n{cfg.demos}-noise{cfg.demo_noise:g}"
+    return base / f"{name}-s{cfg.seed}"
 
 
 def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
@@ -110,9 +111,8 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
         train_cfg = _train_config(cfg, run_dir, policy_path="")
     except ValueError as exc:  # a field combination the RL stage rejects: report it like a parse error
         raise ConfigError(str(exc)) from None
-    with cfg.env.make(num_envs=1) as env:
+    with cfg.env.make(num_envs=1) as env:  # also fails early for a bad env id or option
         spec = env.spec
-    check_episode_fits(train_cfg, spec, train_cfg.exec_steps or getattr(cfg.policy, "chunk_size", 0))
     run_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}
 
