@@ -1,13 +1,13 @@
 """``compact-flow``: the default flow-matching VLA, small enough to train and act on a CPU.
 
 Size and speed with the defaults (1 camera 64x64, S=8, A=7, H=8, width 128,
-1 prefix + 2 expert layers, K=4 steps, Flow-SDE one-step; one torch thread,
-measured with ``benchmarks/policy_latency.py`` on a 2-core machine shared with
-other jobs): 0.88 M trainable parameters (1.37 M with the hashed text encoder;
-the frozen 22.7 M MiniLM encoder ships with its package and is not in the
-checkpoint); for a batch of 16 envs ``act`` costs about 34 ms of CPU time
-(55-120 ms wall clock under load), an RL update step (``evaluate`` + backward +
-Adam) about 55 ms CPU, an SFT step about 38 ms CPU.
+1 prefix + 2 expert layers, FiLM and global conditioning on, K=4 steps,
+Flow-SDE one-step; one torch thread, measured with
+``benchmarks/policy_latency.py --only compact-flow`` on a 2-core machine):
+1.02 M trainable parameters (the frozen 22.7 M MiniLM encoder ships with its
+package and is not in the checkpoint); for a batch of 16 envs ``act`` costs
+about 30 ms, an RL update step (``evaluate`` + backward + Adam) about 57 ms,
+an SFT step about 42 ms.
 """
 
 from __future__ import annotations
