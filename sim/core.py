@@ -15,6 +15,15 @@ whose episode ended on this step (``terminated | truncated``),
 last observation of the old episode) and ``info["episode"]`` (return, length,
 success per env, valid where ended). Envs auto-reset: the returned obs of an
 ended env is the first observation of its next episode.
+
+``step_chunk(actions [B, H, A]) -> ChunkSteps`` executes a whole action chunk
+(what a chunked policy does between two decisions) and returns the per-step
+rewards and flags, the final observation of envs whose episode ended inside
+the chunk and the observation after it. An env whose episode ends inside the
+chunk is auto-reset and held still (zero actions) for the rest of it. The
+observations in between are never returned, so backends that can skip
+rendering them do (the MuJoCo tabletop renders once per chunk instead of once
+per step); worker-process envs run the chunk with one message per worker.
 """
 
 from __future__ import annotations
@@ -87,6 +96,36 @@ class EnvError(RuntimeError):
     """A user-facing error from the sim layer (bad id, bad action, missing driver...)."""
 
 
+@dataclass
+class ChunkSteps:
+    """The outcome of one action chunk on ``n`` envs (:meth:`VecEnv.step_chunk`).
+
+    Per-step tensors are ``[H, n]``; rows follow ``env_ids``. After an env's episode ends (and it is
+    auto-reset) it is held still: its later steps belong to its next episode.
+
+    Attributes:
+        env_ids: the envs, ascending.
+        reward, terminated, truncated, success: ``[H, n]`` per step, as :meth:`VecEnv.step` returns them.
+        reward_terms: named ``[H, n]`` reward terms (empty if the env reports none).
+        episode_return, episode_length: ``[H, n]`` statistics of the episode that ended at that step
+            (valid where ``terminated | truncated``).
+        final_obs: rows ``[n, ...]`` of the last observation of each env's first episode that ended in
+            the chunk (valid for those envs), with ``task`` its instruction.
+        obs: rows ``[n, ...]`` of the observation after the chunk, with the current instructions.
+    """
+
+    env_ids: list[int]
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    success: torch.Tensor
+    reward_terms: dict[str, torch.Tensor]
+    episode_return: torch.Tensor
+    episode_length: torch.Tensor
+    final_obs: Obs
+    obs: Obs
+
+
 class VecEnv(abc.ABC):
     """A batch of ``num_envs`` environments stepped together (see module doc)."""
 
@@ -114,6 +153,65 @@ class VecEnv(abc.ABC):
     @abc.abstractmethod
     def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Step every env with ``actions [num_envs, A]``; see the module doc."""
+
+    def step_chunk(self, actions: torch.Tensor) -> ChunkSteps:
+        """Execute ``actions [num_envs, H, A]`` open-loop on every env (see the module doc).
+
+        This default calls :meth:`step` ``H`` times; batching drivers override it to skip the
+        renders nobody reads and to save round trips to worker processes.
+
+        Raises:
+            EnvError: if ``actions`` is not ``[num_envs, H, A]``.
+        """
+        actions = self._check_chunk(actions)
+        horizon, n = actions.shape[1], self.num_envs
+        shape = (horizon, n)
+        reward, ret = torch.zeros(shape), torch.zeros(shape)
+        term, trunc, success = (torch.zeros(shape, dtype=torch.bool) for _ in range(3))
+        length = torch.zeros(shape, dtype=torch.long)
+        terms: dict[str, torch.Tensor] = {}
+        ended = torch.zeros(n, dtype=torch.bool)
+        final: Obs | None = None
+        obs: Obs = {}
+        for h in range(horizon):
+            step_actions = torch.where(ended[:, None], torch.zeros_like(actions[:, h]), actions[:, h])
+            obs, reward[h], term[h], trunc[h], info = self.step(step_actions)
+            success[h] = info["success"]
+            for name, value in info.get("reward_terms", {}).items():
+                terms.setdefault(name, torch.zeros(shape))[h] = value
+            done = term[h] | trunc[h]
+            if done.any():
+                ret[h], length[h] = info["episode"]["return"], info["episode"]["length"]
+                first = done & ~ended
+                if first.any():
+                    fin = info["final_obs"]
+                    if final is None:
+                        final = {k: (list(v) if k == TASK else v.clone()) for k, v in fin.items()}
+                    for i in first.nonzero().flatten().tolist():
+                        for k, v in fin.items():
+                            final[k][i] = v[i]
+                ended |= done
+        if final is None:
+            final = {k: (list(v) if k == TASK else v.clone()) for k, v in obs.items()}
+        return ChunkSteps(
+            env_ids=list(range(n)), reward=reward, terminated=term, truncated=trunc, success=success,
+            reward_terms=terms, episode_return=ret, episode_length=length, final_obs=final, obs=obs,
+        )
+
+    def _check_chunk(self, actions: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Validate a chunk ``[num_envs, H, A]``; returns float32 on the CPU."""
+        if isinstance(actions, np.ndarray):
+            actions = torch.from_numpy(actions)
+        expected = (self.num_envs, *self.spec.action.shape)
+        if not isinstance(actions, torch.Tensor) or actions.ndim != 3 or actions.shape[1] < 1 or (
+            (actions.shape[0], *actions.shape[2:]) != expected
+        ):
+            got = list(actions.shape) if isinstance(actions, torch.Tensor) else type(actions).__name__
+            raise EnvError(
+                f"{self.spec.env_id}: chunk action shape mismatch: expected [{expected[0]}, H, "
+                f"{', '.join(map(str, expected[1:]))}] ([num_envs, chunk, action_dim]), got {got}"
+            )
+        return actions.detach().to("cpu", torch.float32)
 
     @abc.abstractmethod
     def close(self) -> None:

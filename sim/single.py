@@ -45,6 +45,15 @@ class SingleEnv(abc.ABC):
     def step(self, action: np.ndarray) -> StepOut:
         """Apply one action ``float32 [A]``. Truncation at ``spec.max_episode_steps`` is the env's job."""
 
+    def step_unrendered(self, action: np.ndarray) -> StepOut:
+        """:meth:`step`, for a step whose observation nobody reads (inside an action chunk).
+
+        Backends that can skip rendering override this and may leave the camera images out of
+        ``obs``, except on a step where the episode ends (its final observation is read). The
+        default renders as :meth:`step` does.
+        """
+        return self.step(action)
+
     def expert_action(self) -> np.ndarray:
         """The scripted expert's next action ``float32 [A]`` from privileged simulator state.
 

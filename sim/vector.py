@@ -11,7 +11,10 @@ Two drivers share one bookkeeping base:
   the new instructions of envs that reset (pickled) when some did.
 
 Both auto-reset ended envs, keep the ended episode's final observation, track
-episode return/length/success and check action shapes.
+episode return/length/success and check action shapes. Both run whole action
+chunks (:meth:`VecEnv.step_chunk`) with :func:`run_chunk`, which renders an
+env only where its observation is read: after the chunk and where an episode
+ends (:meth:`SingleEnv.step_unrendered`).
 
 :class:`~sim.vector_process.ProcessVecEnv` also runs whole action chunks asynchronously on a
 group of workers (``chunk_async`` / ``chunk_wait``), so a caller can compute the next chunk of
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
 
-from sim.core import TASK, EnvSpec, Obs, VecEnv, normalize_env_ids, seeds_for_ids
+from sim.core import TASK, ChunkSteps, EnvSpec, Obs, VecEnv, normalize_env_ids, seeds_for_ids
 from sim.single import SingleEnv
 
 EnvFactory = Callable[[], SingleEnv]
@@ -96,6 +99,55 @@ class _Bookkeeping(VecEnv):
     def _reset_books(self, ids: list[int]) -> None:
         self._ep_return[ids] = 0.0
         self._ep_len[ids] = 0
+
+    def _chunk_steps(
+        self,
+        ids: list[int],
+        reward64: np.ndarray,
+        flags: np.ndarray,
+        terms: dict[str, np.ndarray],
+        texts: dict[tuple[int, int], str],
+        obs_bufs: dict[str, np.ndarray],
+        final_bufs: dict[str, np.ndarray],
+    ) -> ChunkSteps:
+        """Episode statistics and instructions of one chunk on the contiguous envs ``ids``.
+
+        ``reward64 [H, n]``, ``flags [3, H, n]`` (terminated, truncated, success) and ``terms`` (name ->
+        ``[H, n]``) are the chunk's per-step results, ``texts[h, k]`` the instruction env ``ids[k]`` drew
+        when it reset after step ``h``; rows ``ids`` of ``obs_bufs`` / ``final_bufs`` hold the
+        observation after the chunk and the final observations.
+        """
+        horizon, n = reward64.shape
+        first = ids[0]
+        shape = (horizon, n)
+        term, trunc, success = flags
+        ended = term | trunc
+        ret, length = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
+        final_task = [self._instructions[i] for i in ids]
+        seen = np.zeros(n, bool)
+        rows = slice(first, first + n)
+        ep_return, ep_len = self._ep_return[rows], self._ep_len[rows]  # views
+        for h in range(horizon):
+            ep_return += reward64[h]
+            ep_len += 1
+            if ended[h].any():
+                d = ended[h]
+                ret[h, d], length[h, d] = ep_return[d], ep_len[d]
+                ep_return[d], ep_len[d] = 0.0, 0
+                for k in np.flatnonzero(d):
+                    if not seen[k]:
+                        final_task[k], seen[k] = self._instructions[first + k], True
+                    self._instructions[first + k] = texts[h, int(k)]
+        final: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in final_bufs.items()}
+        final[TASK] = final_task
+        obs: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in obs_bufs.items()}
+        obs[TASK] = [self._instructions[i] for i in ids]
+        return ChunkSteps(
+            env_ids=list(ids), reward=torch.from_numpy(reward64.astype(np.float32)),
+            terminated=torch.from_numpy(term), truncated=torch.from_numpy(trunc), success=torch.from_numpy(success),
+            reward_terms={k: torch.from_numpy(v) for k, v in terms.items()},
+            episode_return=torch.from_numpy(ret), episode_length=torch.from_numpy(length), final_obs=final, obs=obs,
+        )
 
 
 def _rows(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -167,6 +219,16 @@ class SerialVecEnv(_Bookkeeping):
         return self._finish_step(reward, term, trunc, success, terms, self._share(new), new, self._final,
                                  final_instructions)
 
+    def step_chunk(self, actions: torch.Tensor) -> ChunkSteps:
+        """Run ``actions [B, H, A]`` with :func:`run_chunk` (see :meth:`VecEnv.step_chunk`)."""
+        acts = self._check_chunk(actions).numpy()
+        self._obs = {k: v.copy() for k, v in self._obs.items()}  # returned batches share the old arrays
+        reward, flags, terms, texts = run_chunk(self._envs, acts, self._obs, self._final, 0)
+        steps = self._chunk_steps(list(range(self.num_envs)), reward, flags, terms,
+                                  {(h, j): t for h, j, t in texts}, self._obs, self._final)
+        self._last_obs = self._share(self._obs)
+        return steps
+
     def expert_actions(self) -> torch.Tensor:
         """Scripted-expert actions ``[B, A]`` from privileged state."""
         return torch.from_numpy(np.stack([e.expert_action() for e in self._envs]).astype(np.float32))
@@ -182,6 +244,49 @@ class SerialVecEnv(_Bookkeeping):
 def _write(bufs: dict[str, np.ndarray], row: int, obs: dict[str, np.ndarray]) -> None:
     for k, buf in bufs.items():
         buf[row] = obs[k]
+
+
+def run_chunk(
+    envs: Sequence[SingleEnv], actions: np.ndarray, obs_bufs: dict[str, np.ndarray],
+    final_bufs: dict[str, np.ndarray], offset: int,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], list[tuple[int, int, str]]]:
+    """Execute ``actions [n, H, A]`` on ``envs`` (rows ``offset...`` of the buffers); see :class:`ChunkSteps`.
+
+    Steps before the last are :meth:`SingleEnv.step_unrendered`. An env whose episode ends is
+    auto-reset and held still (zero actions) for the rest of the chunk; its first final observation
+    goes to ``final_bufs``, the observation after the chunk to ``obs_bufs``.
+
+    Returns:
+        ``(reward float64 [H, n], flags bool [3, H, n] = terminated, truncated, success,
+        reward terms name -> float32 [H, n], [(h, j, instruction) of every reset])``.
+    """
+    n, horizon = actions.shape[:2]
+    reward = np.zeros((horizon, n), np.float64)
+    flags = np.zeros((3, horizon, n), bool)
+    terms: dict[str, np.ndarray] = {}
+    texts: list[tuple[int, int, str]] = []
+    for j, env in enumerate(envs):
+        row, ended = offset + j, False
+        for h in range(horizon):
+            last = h == horizon - 1
+            action = np.zeros_like(actions[j, h]) if ended else actions[j, h]
+            out = env.step(action) if last else env.step_unrendered(action)
+            reward[h, j] = out.reward
+            flags[:, h, j] = out.terminated, out.truncated, out.success
+            for name, value in (out.reward_terms or {}).items():
+                if name not in terms:
+                    terms[name] = np.zeros((horizon, n), np.float32)
+                terms[name][h, j] = value
+            obs = out.obs
+            if out.terminated or out.truncated:
+                if not ended:
+                    _write(final_bufs, row, obs)
+                ended = True
+                obs, text = env.reset(None)
+                texts.append((h, j, text))
+            if last:
+                _write(obs_bufs, row, obs)
+    return reward, flags, terms, texts
 
 
 def build_vec_env(factories: Sequence[EnvFactory], env_id: str, num_workers: int, context: str = "forkserver") -> VecEnv:

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
 
-from sim.core import TASK, EnvError, EnvSpec, Obs, normalize_env_ids, seeds_for_ids
+from sim.core import ChunkSteps, EnvError, EnvSpec, Obs, normalize_env_ids, seeds_for_ids
 from sim.single import SingleEnv
-from sim.vector import EnvFactory, _Bookkeeping, _write
+from sim.vector import EnvFactory, _Bookkeeping, _write, run_chunk
 
 MAX_REWARD_TERMS = 32  # named reward terms per env that fit the shared step buffers
 _STEP = b"s"  # parent -> worker: step with the actions in the shared action buffer
@@ -124,31 +124,8 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
                     conn.send(("ok", (texts or [], list(slots.names) if grew else None)))
                 continue
             cmd, arg = pickle.loads(msg)
-            if cmd == "chunk":  # arg: actions [n, H, A]; hold an env still after its episode ends
-                horizon, nw = arg.shape[1], len(envs)
-                reward = np.zeros((horizon, nw), np.float64)
-                flag = np.zeros((3, horizon, nw), bool)
-                terms = np.zeros((MAX_REWARD_TERMS, horizon, nw), np.float32)
-                chunk_slots = _TermSlots(spec.env_id)
-                texts, ended = [], [False] * nw
-                for h in range(horizon):
-                    for j, env in enumerate(envs):
-                        out = env.step(np.zeros_like(arg[j, h]) if ended[j] else arg[j, h])
-                        row = offset + j
-                        _write(obs_bufs, row, out.obs)
-                        reward[h, j] = out.reward
-                        flag[0, h, j], flag[1, h, j], flag[2, h, j] = out.terminated, out.truncated, out.success
-                        if out.reward_terms is not None:
-                            chunk_slots.put(out.reward_terms, terms[:, h], j)
-                        if out.terminated or out.truncated:
-                            if not ended[j]:
-                                _write(final_bufs, row, out.obs)
-                            ended[j] = True
-                            obs, text = env.reset(None)
-                            _write(obs_bufs, row, obs)
-                            texts.append((h, j, text))
-                named = dict(zip(chunk_slots.names or [], terms))
-                conn.send(("ok", (reward, flag, named, texts)))
+            if cmd == "chunk":  # arg: actions [n, H, A]
+                conn.send(("ok", run_chunk(envs, arg, obs_bufs, final_bufs, offset)))
             elif cmd == "reset":
                 texts = []
                 for j, seed in arg:
@@ -177,36 +154,6 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
             conn.send(("closed", None))
         except Exception:
             pass
-
-
-@dataclass
-class ChunkSteps:
-    """The outcome of one action chunk on a group of ``n`` envs (:meth:`ProcessVecEnv.chunk_wait`).
-
-    Per-step tensors are ``[H, n]``; rows follow ``env_ids``. After an env's episode ends (and it is
-    auto-reset) it is held still: its later steps belong to its next episode.
-
-    Attributes:
-        env_ids: the envs of the group, ascending.
-        reward, terminated, truncated, success: ``[H, n]`` per step, as :meth:`VecEnv.step` returns them.
-        reward_terms: named ``[H, n]`` reward terms (empty if the env reports none).
-        episode_return, episode_length: ``[H, n]`` statistics of the episode that ended at that step
-            (valid where ``terminated | truncated``).
-        final_obs: rows ``[n, ...]`` of the last observation of each env's first episode that ended in
-            the chunk (valid for those envs), with ``task`` its instruction.
-        obs: rows ``[n, ...]`` of the observation after the chunk, with the current instructions.
-    """
-
-    env_ids: list[int]
-    reward: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    success: torch.Tensor
-    reward_terms: dict[str, torch.Tensor]
-    episode_return: torch.Tensor
-    episode_length: torch.Tensor
-    final_obs: Obs
-    obs: Obs
 
 
 class ProcessVecEnv(_Bookkeeping):
@@ -423,35 +370,15 @@ class ProcessVecEnv(_Bookkeeping):
                 terms.setdefault(name, np.zeros(shape, np.float32))[:, cols] = value
             for h, j, text in w_texts:
                 texts[h, a + j - first] = text
-        term, trunc, success = flags
-        ended = term | trunc
-        ret, length = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
-        final_task = [self._instructions[i] for i in ids]
-        seen = np.zeros(n, bool)
-        rows = slice(first, first + n)
-        ep_return, ep_len = self._ep_return[rows], self._ep_len[rows]  # views
-        for h in range(horizon):
-            ep_return += reward64[h]
-            ep_len += 1
-            if ended[h].any():
-                d = ended[h]
-                ret[h, d], length[h, d] = ep_return[d], ep_len[d]
-                ep_return[d], ep_len[d] = 0.0, 0
-                for k in np.flatnonzero(d):
-                    if not seen[k]:
-                        final_task[k], seen[k] = self._instructions[first + k], True
-                    self._instructions[first + k] = texts[h, int(k)]
-        reward = reward64.astype(np.float32)
-        final: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in self._final_bufs.items()}
-        final[TASK] = final_task
-        obs: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in self._obs_bufs.items()}
-        obs[TASK] = [self._instructions[i] for i in ids]
-        return ChunkSteps(
-            env_ids=ids, reward=torch.from_numpy(reward), terminated=torch.from_numpy(term),
-            truncated=torch.from_numpy(trunc), success=torch.from_numpy(success),
-            reward_terms={k: torch.from_numpy(v) for k, v in terms.items()},
-            episode_return=torch.from_numpy(ret), episode_length=torch.from_numpy(length), final_obs=final, obs=obs,
-        )
+        return self._chunk_steps(ids, reward64, flags, terms, texts, self._obs_bufs, self._final_bufs)
+
+    def step_chunk(self, actions: torch.Tensor) -> ChunkSteps:
+        """One message per worker: :meth:`chunk_async` on every env, then :meth:`chunk_wait`."""
+        ids = list(range(self.num_envs))
+        self.chunk_async(self._check_chunk(actions), ids)
+        steps = self.chunk_wait(ids)
+        self._last_obs = steps.obs
+        return steps
 
     def expert_actions(self) -> torch.Tensor:
         """Scripted-expert actions ``[B, A]`` computed inside the workers."""

@@ -1,7 +1,8 @@
 """The rollout engine: step a :class:`sim.VecEnv` with a :class:`policies.Policy` in action chunks.
 
 One *decision* is one ``policy.act`` call returning a chunk ``[B, H, A]``; the
-first ``exec_steps`` actions are executed open-loop. The decision's reward is
+first ``exec_steps`` actions are executed open-loop (:meth:`sim.VecEnv.step_chunk`,
+which skips rendering the observations in between where the backend can). The decision's reward is
 the sum of the per-step rewards inside the chunk. An env whose episode ends
 inside a chunk is held still (zero actions, i.e. no end-effector motion) for
 the rest of that chunk, so no reward of its next episode leaks into the old
@@ -30,7 +31,6 @@ without that support fall back to sequential collection.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,41 +182,12 @@ class RolloutEngine:
             return self.policy.value(obs).float().cpu()
 
     def _run_chunk(self, actions: Tensor, alive: Tensor) -> dict[str, Any]:
-        """Execute one chunk; returns per-env reward sums, end flags, final obs rows and episodes."""
-        b = self.env.num_envs
-        reward = torch.zeros(b)
-        terms: dict[str, Tensor] = defaultdict(lambda: torch.zeros(b))
-        ended = torch.zeros(b, dtype=torch.bool)
-        term = torch.zeros(b, dtype=torch.bool)
-        trunc = torch.zeros(b, dtype=torch.bool)
-        final: dict[int, Obs] = {}
-        episodes: list[EpisodeRecord] = []
-        obs = self._obs
-        for h in range(self.exec_steps):
-            step_actions = torch.where(ended[:, None], torch.zeros_like(actions[:, h]), actions[:, h])
-            obs, r, te, tr, info = self.env.step(step_actions)
-            self.total_env_steps += b
-            live = ~ended
-            reward += torch.where(live, r, torch.zeros_like(r))
-            for name, value in info.get("reward_terms", {}).items():
-                terms[name] += torch.where(live, value, torch.zeros_like(value))
-            now = (te | tr) & live
-            if now.any():
-                idx = now.nonzero().flatten().tolist()
-                fin = _rows(info["final_obs"], idx)
-                for j, i in enumerate(idx):
-                    final[i] = {k: (v[j] if k == TASK else v[j : j + 1]) for k, v in fin.items()}
-                    if alive[i]:
-                        ep = info["episode"]
-                        episodes.append(EpisodeRecord(
-                            env=i, task=fin[TASK][j], ret=float(ep["return"][i]), length=int(ep["length"][i]),
-                            success=bool(ep["success"][i]),
-                        ))
-                term |= te & live
-                trunc |= tr & live & ~te
-                ended |= now
-        self._obs = obs
-        return {"reward": reward, "terms": dict(terms), "term": term, "trunc": trunc, "final": final, "episodes": episodes}
+        """Execute one chunk on every env (:meth:`sim.VecEnv.step_chunk`); per-env reward sums, end flags,
+        final obs rows and the episodes that ended."""
+        steps = self.env.step_chunk(actions[:, : self.exec_steps])
+        self.total_env_steps += self.env.num_envs * self.exec_steps
+        self._obs = steps.obs
+        return _cat_chunks([self._chunk_from_steps(steps, alive)])
 
     def _bootstrap(self, next_values: Tensor, chunk: dict[str, Any]) -> None:
         """Replace next values of truncated envs by the value of their final observation."""

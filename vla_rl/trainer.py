@@ -114,8 +114,14 @@ class Trainer:
             with torch.no_grad():
                 return policy.act(obs, ActMode.EVAL).actions
 
-        res = evaluate_episodes(env, act, cfg.eval.episodes, cfg.eval.seed, cfg.exec_steps, video,
-                                cfg.eval.video_envs, desc=f"eval {tag}")
+        # Its own RNG stream, seeded like the env: the same policy always scores the same, the noise a flow
+        # policy starts from is shared by the before and after evaluations (common random numbers), and the
+        # training stream is left untouched.
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(cfg.eval.seed)
+            res = evaluate_episodes(env, act, cfg.eval.episodes, cfg.eval.seed, cfg.exec_steps, video,
+                                    cfg.eval.video_envs, desc=f"eval {tag}")
         policy.reset()
         if res.video:
             logger.log_video(iteration, "eval/video", res.video, env.spec.control_freq)

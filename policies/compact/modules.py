@@ -6,11 +6,17 @@ small transformer encoder once per observation; the action expert is a small
 transformer over ``[state token, H action tokens]`` (each action token fuses the
 noisy action with a sinusoidal embedding of the flow time t) that
 cross-attends to the prefix, and a linear head maps its output to the velocity.
+
+The prefix is the same for all K denoising steps of one observation, so the
+cross-attention keys and values are projected once (:meth:`ActionExpert.memory`)
+and reused by every step; at K=4 with two cameras that is most of the expert's
+work.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -140,28 +146,69 @@ class ActionExpert(nn.Module):
         self.decoder = nn.TransformerDecoder(layer, layers, norm=nn.LayerNorm(width))
         self.action_out = nn.Linear(width, action_dim)
 
-    def forward(self, state: Tensor, x_t: Tensor, t: Tensor, prefix: Tensor) -> tuple[Tensor, Tensor]:
+    def memory(self, prefix: Tensor) -> ExpertMemory:
+        """Project the prefix into every layer's cross-attention keys and values (once per observation)."""
+        w = self.width
+        heads = self.decoder.layers[0].multihead_attn.num_heads
+        kv = []
+        for layer in self.decoder.layers:
+            attn = layer.multihead_attn
+            k = F.linear(prefix, attn.in_proj_weight[w : 2 * w], attn.in_proj_bias[w : 2 * w])
+            v = F.linear(prefix, attn.in_proj_weight[2 * w :], attn.in_proj_bias[2 * w :])
+            kv.append((_split_heads(k, heads), _split_heads(v, heads)))
+        return ExpertMemory(prefix_mean=prefix.mean(1), kv=kv)
+
+    def forward(self, state: Tensor, x_t: Tensor, t: Tensor, prefix: Tensor | ExpertMemory) -> tuple[Tensor, Tensor]:
         """One expert pass.
 
         Args:
             state: ``[B, S]`` normalized state.
             x_t: ``[B, H, A]`` noisy actions.
             t: ``[B]`` flow times.
-            prefix: ``[B, N, width]`` encoded prefix tokens.
+            prefix: ``[B, N, width]`` encoded prefix tokens, or their :meth:`memory` (reused across steps).
 
         Returns:
             ``(velocity [B, H, A], features [B, H, width])``.
         """
+        mem = prefix if isinstance(prefix, ExpertMemory) else self.memory(prefix)
         act = self.action_in(x_t)
         time = sinusoidal_time_embedding(t, self.width)[:, None, :].expand_as(act)
         act = self.action_time_mlp(torch.cat([act, time], dim=-1))
         state_tok = self.state_proj(state)
         if self.cond_mlp is not None:
-            act = act + self.cond_mlp(torch.cat([state_tok, prefix.mean(1)], dim=-1))[:, None, :]
-        tokens = torch.cat([state_tok[:, None, :], act], dim=1) + self.pos
-        out = self.decoder(tokens, prefix)
-        features = out[:, 1:]
+            act = act + self.cond_mlp(torch.cat([state_tok, mem.prefix_mean], dim=-1))[:, None, :]
+        x = torch.cat([state_tok[:, None, :], act], dim=1) + self.pos
+        w = self.width
+        for layer, (k, v) in zip(self.decoder.layers, mem.kv, strict=True):
+            # nn.TransformerDecoderLayer (norm_first, no dropout, no masks) with the keys/values precomputed
+            h = layer.norm1(x)
+            x = x + layer.self_attn(h, h, h, need_weights=False)[0]
+            attn = layer.multihead_attn
+            q = _split_heads(F.linear(layer.norm2(x), attn.in_proj_weight[:w], attn.in_proj_bias[:w]), attn.num_heads)
+            o = F.scaled_dot_product_attention(q, k, v)
+            x = x + attn.out_proj(o.transpose(1, 2).flatten(2))
+            x = x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))
+        features = self.decoder.norm(x)[:, 1:]
         return self.action_out(features), features
+
+
+@dataclass
+class ExpertMemory:
+    """What the action expert needs from a prefix, computed once for all denoising steps.
+
+    Attributes:
+        prefix_mean: ``[B, width]`` mean prefix token (global conditioning).
+        kv: per decoder layer, the cross-attention keys and values ``[B, heads, N, width / heads]``.
+    """
+
+    prefix_mean: Tensor
+    kv: list[tuple[Tensor, Tensor]]
+
+
+def _split_heads(x: Tensor, heads: int) -> Tensor:
+    """``[B, L, D] -> [B, heads, L, D / heads]``."""
+    b, n, d = x.shape
+    return x.view(b, n, heads, d // heads).transpose(1, 2)
 
 
 class PrefixEncoder(nn.Module):

@@ -131,9 +131,10 @@ class CompactFlowPolicy(FlowPolicy):
         images = [obs[image_key(cam)].to(self.device) for cam in c.cameras]
         prefix = self.prefix(images, self._text(obs[TASK]))
         state = self._norm_state(obs[OBS_STATE])
+        memory = self.expert.memory(prefix)  # shared by all denoising steps
 
         def velocity(x_t: Tensor, t: Tensor) -> VelocityOutput:
-            v, features = self.expert(state, x_t, t, prefix)
+            v, features = self.expert(state, x_t, t, memory)
             return VelocityOutput(velocity=v, features=features)
 
         return FlowContext(velocity=velocity, batch_size=b, prefix_features=prefix)

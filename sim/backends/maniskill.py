@@ -100,6 +100,9 @@ def gym_make_kwargs(options: ManiSkillOptions) -> dict[str, Any]:
         "control_mode": options.resolved_control_mode,
         "reward_mode": options.reward_mode,
         "render_backend": "gpu" if torch.cuda.is_available() else "cpu",
+        # an unseeded (auto-)reset draws its episode seed from the seeded main RNG; without this it
+        # randomizes with the process's global torch RNG, so episodes after the first were not reproducible
+        "enhanced_determinism": True,
     }
     if options.obs_mode == "rgb":
         kwargs["sensor_configs"] = {"width": size, "height": size}

@@ -186,6 +186,13 @@ class TabletopEnv(SingleEnv):
         Raises:
             EnvError: before the first reset, or for a non-finite action.
         """
+        return self._step(action, render=True)
+
+    def step_unrendered(self, action: np.ndarray) -> StepOut:
+        """:meth:`step` without the camera images unless the episode ends (rendering is most of a step's cost)."""
+        return self._step(action, render=False)
+
+    def _step(self, action: np.ndarray, render: bool) -> StepOut:
         if self._state is None:
             raise EnvError(f"{self.cfg.env_id}: step() called before reset()")
         action = np.asarray(action, dtype=np.float64)
@@ -199,7 +206,7 @@ class TabletopEnv(SingleEnv):
         terminated = success and self.cfg.terminate_on_success
         truncated = not terminated and self._elapsed >= self.max_episode_steps
         return StepOut(
-            obs=self._observe(),
+            obs=self._observe(render or terminated or truncated),
             reward=float(sum(terms.values())),
             terminated=terminated,
             truncated=truncated,
@@ -265,7 +272,7 @@ class TabletopEnv(SingleEnv):
             touched=touched,
         )
 
-    def _observe(self) -> dict[str, np.ndarray]:
+    def _observe(self, render: bool = True) -> dict[str, np.ndarray]:
         d, ids, s = self.data, self.ids, self._state
         assert s is not None
         obs: dict[str, np.ndarray] = {
@@ -274,7 +281,7 @@ class TabletopEnv(SingleEnv):
             ),
             OBS_ENV_STATE: np.concatenate([s.cubes.ravel(), s.pad, [TASK_INDEX[self.task.name]]]).astype(np.float32),
         }
-        if self.cameras:
+        if self.cameras and render:
             if self._renderer is None:
                 size = self.cfg.image_size
                 self._renderer = mujoco.Renderer(self.model, height=size, width=size)

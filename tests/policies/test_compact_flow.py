@@ -213,3 +213,28 @@ def test_global_conditioning_is_a_direct_path_from_the_observation_to_the_action
     v1, _ = expert(state, x, t, prefix)
     v2, _ = expert(state + 1.0, x, t, prefix)
     assert not torch.allclose(v1, v2)
+
+
+def test_action_expert_with_cached_memory_matches_the_torch_decoder() -> None:
+    """The expert's own layer loop (keys/values projected once) computes what nn.TransformerDecoder computes."""
+    from policies.compact.modules import ActionExpert, sinusoidal_time_embedding
+
+    torch.manual_seed(0)
+    expert = ActionExpert(state_dim=5, action_dim=3, horizon=4, width=32, heads=4, layers=2).train()
+    state, x_t, t, prefix = torch.randn(6, 5), torch.randn(6, 4, 3), torch.rand(6), torch.randn(6, 9, 32)
+    act = expert.action_time_mlp(torch.cat(
+        [expert.action_in(x_t), sinusoidal_time_embedding(t, 32)[:, None, :].expand(6, 4, 32)], dim=-1))
+    state_tok = expert.state_proj(state)
+    act = act + expert.cond_mlp(torch.cat([state_tok, prefix.mean(1)], dim=-1))[:, None, :]
+    reference = expert.decoder(torch.cat([state_tok[:, None, :], act], dim=1) + expert.pos, prefix)[:, 1:]
+
+    velocity, features = expert(state, x_t, t, prefix)
+    torch.testing.assert_close(features, reference, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(velocity, expert.action_out(reference), rtol=1e-5, atol=1e-5)
+    memory = expert.memory(prefix)
+    for _ in range(2):  # reused across denoising steps
+        v2, f2 = expert(state, x_t, t, memory)
+        torch.testing.assert_close(v2, velocity)
+    # gradients reach the cross-attention projections through the cached keys/values
+    v2.sum().backward()
+    assert expert.decoder.layers[0].multihead_attn.in_proj_weight.grad.abs()[32:].sum() > 0

@@ -100,6 +100,41 @@ def test_final_observation_for_ended_envs_and_auto_reset(env):
         assert not trunc2.any()
 
 
+def test_step_chunk_matches_stepping_one_action_at_a_time(env):
+    """A chunk longer than the episode: the same rewards, ends, final and next observations as step()."""
+    horizon = EPISODE_STEPS + 2
+    torch.manual_seed(2)
+    chunk = torch.rand(NUM_ENVS, horizon, env.spec.action_dim) * 2 - 1
+    env.reset(seed=21)
+    steps = env.step_chunk(chunk)
+    assert steps.env_ids == list(range(NUM_ENVS))
+    assert steps.reward.shape == (horizon, NUM_ENVS) and steps.terminated.dtype == torch.bool
+
+    start = env.reset(seed=21)
+    ended = torch.zeros(NUM_ENVS, dtype=torch.bool)
+    final = {k: (list(v) if k == TASK else v.clone()) for k, v in start.items()}
+    for h in range(horizon):
+        actions = torch.where(ended[:, None], torch.zeros_like(chunk[:, h]), chunk[:, h])
+        obs, reward, term, trunc, info = env.step(actions)
+        torch.testing.assert_close(steps.reward[h], reward.float().cpu(), msg=f"reward at step {h}")
+        assert torch.equal(steps.terminated[h], term.cpu()) and torch.equal(steps.truncated[h], trunc.cpu())
+        assert torch.equal(steps.success[h], info["success"].cpu())
+        done = (term | trunc).cpu()
+        if done.any():
+            assert torch.equal(steps.episode_length[h][done], info["episode"]["length"].cpu()[done])
+            for i in (done & ~ended).nonzero().flatten().tolist():
+                for k, v in info["final_obs"].items():
+                    final[k][i] = v[i]
+        ended |= done
+    assert ended.all(), "the chunk is longer than the episode, so every env's episode ends inside it"
+    for key in env.spec.observation:
+        torch.testing.assert_close(steps.obs[key], obs[key].cpu(), msg=f"obs {key} after the chunk")
+        torch.testing.assert_close(steps.final_obs[key], final[key].cpu(), msg=f"final obs {key}")
+    assert steps.obs[TASK] == obs[TASK] == env.instructions and steps.final_obs[TASK] == final[TASK]
+    with pytest.raises(EnvError, match="chunk action shape mismatch"):
+        env.step_chunk(torch.zeros(NUM_ENVS, env.spec.action_dim))
+
+
 def test_action_shape_mismatch_is_a_clear_error(env):
     env.reset()
     with pytest.raises(EnvError, match=r"expected \[2, \d+\]"):

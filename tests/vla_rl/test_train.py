@@ -110,3 +110,20 @@ def test_build_policy_uses_every_env_camera_unless_a_selection_is_given():
     assert default.config.cameras == ("front", "wrist")
     chosen = build_policy(TrainConfig(policy=POLICY_CHOICES["compact-flow"](cameras=("wrist",), **small)), spec)
     assert chosen.config.cameras == ("wrist",)
+
+
+def test_evaluation_scores_a_policy_the_same_every_time_and_leaves_the_training_rng_alone(tmp_path):
+    from vla_rl.trainer import Trainer, build_policy
+
+    cfg = parse_config(TrainConfig, [*TINY, "--run_dir", str(tmp_path), "--eval.episodes", "4"])
+    trainer = Trainer(cfg)
+    with cfg.env.make(seed=cfg.eval.seed) as env:
+        torch.manual_seed(0)
+        policy = build_policy(cfg, env.spec)  # random weights: flow noise decides what the policy does
+        state = torch.random.get_rng_state()
+        first = trainer._evaluate(policy, env, 0, None, "a")
+        assert torch.equal(torch.random.get_rng_state(), state), "evaluation consumed the training RNG"
+        torch.rand(123)  # a different global stream
+        second = trainer._evaluate(policy, env, 0, None, "b")
+    assert first.mean_return == second.mean_return and first.mean_length == second.mean_length
+    assert first.successes == second.successes
