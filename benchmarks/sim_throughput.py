@@ -22,14 +22,29 @@ and pay their own resets: the raw loops reset on ``terminated | truncated``
 limit and success), the way LIBERO's evaluation resets for LIBERO (``reset``,
 ``set_init_state``, 10 no-op settle steps, rendered).
 
+Modes, each timed on the same two sides (blocks of all modes interleaved):
+
+- ``step``: ours calls ``env.step`` once per batch step; raw steps once. Both
+  build the full observation (rendered, in ``rgb``) every step.
+- ``chunk H`` (``--chunk H``, default 4; 0 or 1: ``step`` only): ours calls
+  ``env.step_chunk`` on ``[num_envs, H, A]`` chunks of random actions (with
+  workers: one message per worker per chunk); raw steps ``H`` times per chunk
+  and reads only the last observation. On MuJoCo both sides render once per
+  chunk (``TabletopEnv.step_unrendered`` for the first ``H - 1`` steps, which
+  still renders where an episode ends, ``step`` for the last); ManiSkill and
+  LIBERO build the full observation every step on both sides. An env whose episode ends inside a
+  chunk is reset at once and held still (zero actions) for the rest of the
+  chunk on both sides. Every executed step counts, held-still ones included.
+
 Observations: for ManiSkill ``state`` the raw env is made with ManiSkill's
 own ``obs_mode="state"`` (the flat state vector ManiSkill returns: robot
 qpos/qvel, TCP pose, object and goal poses, ``is_grasped``), while ours runs
 ManiSkill with ``obs_mode="none"`` and reads its own proprioception and
 privileged state (reusing ``is_grasped`` from ManiSkill's step info): both
 sides produce a state observation every step. Raw loops never cross a pipe,
-while ours with workers pays one synchronous round trip per batch step (one
-byte each way; actions, observations and scalars live in shared memory).
+while ours with workers pays one synchronous round trip per batch step in
+``step`` mode (one byte each way; actions, observations and scalars live in
+shared memory) and one per chunk in ``chunk H`` mode.
 Besides wall-clock steps/s the table reports CPU ms per env-step of every
 process on each side, which is far less sensitive to other jobs' load.
 
@@ -37,7 +52,7 @@ Run (``source scripts/env.sh`` first)::
 
     python benchmarks/sim_throughput.py --quick     # small budgets; env start-up dominates (see below)
     python benchmarks/sim_throughput.py --write docs/benchmarks.md     # full, ~15 min
-    python benchmarks/sim_throughput.py --cases mujoco-64 --workers 0 1 2 --steps 3000
+    python benchmarks/sim_throughput.py --cases mujoco-64 --workers 0 1 2 --steps 3000 --chunk 8
 """
 
 from __future__ import annotations
@@ -78,7 +93,7 @@ class Case:
         raw: key of :data:`RAW_LOOPS`.
         steps: default env-steps per side (full run).
         quick_steps: env-steps per side with ``--quick``.
-        warmup: untimed steps per env before timing, each side.
+        warmup: untimed steps per env before timing, each side and mode.
     """
 
     name: str
@@ -117,12 +132,40 @@ def _set_threads() -> None:
 
 
 class RawLoop:
-    """A raw simulator stepped ``n`` times with random actions, resetting when an episode ends."""
+    """A raw simulator stepped with random actions in chunks, resetting when an episode ends.
 
-    resets = 0
+    Subclasses set the action box (``low``, ``high``: arrays of the action shape) and ``rng``, and
+    implement :meth:`step` and :meth:`reset`; :meth:`run` is the loop every raw simulator shares.
+    """
 
-    def run(self, n: int) -> None:
+    low: np.ndarray
+    high: np.ndarray
+    rng: np.random.Generator
+
+    def step(self, action: np.ndarray, render: bool) -> bool:
+        """Apply ``action``; returns whether the episode ended. ``render=False``: nobody reads the observation."""
         raise NotImplementedError
+
+    def reset(self) -> None:
+        """Start the next episode."""
+        raise NotImplementedError
+
+    def run(self, chunks: int, horizon: int) -> int:
+        """Execute ``chunks`` chunks of ``horizon`` uniformly random actions; returns the number of resets.
+
+        Like :func:`sim.vector.run_chunk`: only the last step of a chunk has its observation read
+        (``render=True``), and after an episode ends (reset at once) the env is held still (zero
+        actions) for the rest of the chunk. ``horizon=1`` is plain per-step stepping.
+        """
+        resets = 0
+        for _ in range(chunks):
+            actions = self.rng.uniform(self.low, self.high, size=(horizon, *self.low.shape)).astype(np.float32)
+            for h in range(horizon):
+                if self.step(actions[h], render=h == horizon - 1):
+                    self.reset()
+                    resets += 1
+                    actions[h + 1 :] = 0.0
+        return resets
 
     def close(self) -> None:
         pass
@@ -133,7 +176,8 @@ class RawManiSkill(RawLoop):
 
     For ``obs_mode="state"`` the raw env is made with ManiSkill's own ``obs_mode="state"`` (our backend
     passes ``"none"`` and reads its observation itself), so both sides produce a state observation
-    every step: the like-for-like comparison a user of raw ManiSkill would make.
+    every step: the like-for-like comparison a user of raw ManiSkill would make. ManiSkill renders
+    every step (``render`` is ignored), as our backend does.
     """
 
     def __init__(self, case: Case, seed: int, action_seed: int) -> None:
@@ -153,21 +197,22 @@ class RawManiSkill(RawLoop):
         self.low, self.high = space.low, space.high
         self.rng = np.random.default_rng(action_seed)
 
-    def run(self, n: int) -> None:
-        env, rng = self.env, self.rng
-        for _ in range(n):
-            action = rng.uniform(self.low, self.high).astype(np.float32)
-            _, _, terminated, truncated, _ = env.step(action)
-            if bool(terminated.any()) or bool(truncated.any()):
-                env.reset()
-                self.resets += 1
+    def step(self, action: np.ndarray, render: bool) -> bool:
+        _, _, terminated, truncated, _ = self.env.step(action)
+        return bool(terminated.any()) or bool(truncated.any())
+
+    def reset(self) -> None:
+        self.env.reset()
 
     def close(self) -> None:
         self.env.close()
 
 
 class RawLibero(RawLoop):
-    """LIBERO's ``OffScreenRenderEnv`` with :class:`sim.backends.libero.LiberoEnv`'s arguments, eval-style resets."""
+    """LIBERO's ``OffScreenRenderEnv`` with :class:`sim.backends.libero.LiberoEnv`'s arguments, eval-style resets.
+
+    Renders both cameras every step (``render`` is ignored), as our backend does.
+    """
 
     def __init__(self, case: Case, seed: int, action_seed: int) -> None:
         import contextlib
@@ -200,10 +245,11 @@ class RawLibero(RawLoop):
         self.max_steps = opts.max_episode_steps or lb.SUITE_MAX_STEPS[suite]
         self.settle = opts.settle_steps
         self.next_state = seed
+        self.low, self.high = np.full(7, -1.0), np.full(7, 1.0)
         self.rng = np.random.default_rng(action_seed)
-        self._reset()
+        self.reset()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
         self.env.reset()
         self.env.set_init_state(self.init_states[self.next_state % len(self.init_states)])
         self.next_state += 1
@@ -211,21 +257,21 @@ class RawLibero(RawLoop):
             self.env.step(np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64))
         self.t = 0
 
-    def run(self, n: int) -> None:
-        env, rng = self.env, self.rng
-        for _ in range(n):
-            env.step(rng.uniform(-1.0, 1.0, size=7))
-            self.t += 1
-            if env.check_success() or self.t >= self.max_steps:
-                self._reset()
-                self.resets += 1
+    def step(self, action: np.ndarray, render: bool) -> bool:
+        self.env.step(action.astype(np.float64))
+        self.t += 1
+        return bool(self.env.check_success()) or self.t >= self.max_steps
 
     def close(self) -> None:
         self.env.close()
 
 
 class RawMujoco(RawLoop):
-    """:class:`sim.mujoco_tasks.env.TabletopEnv` with the config :class:`MujocoBackend` builds, no vector layer."""
+    """:class:`sim.mujoco_tasks.env.TabletopEnv` with the config :class:`MujocoBackend` builds, no vector layer.
+
+    Steps whose observation nobody reads use :meth:`TabletopEnv.step_unrendered`, as our layer does
+    inside a chunk (the cameras are rendered anyway where an episode ends).
+    """
 
     def __init__(self, case: Case, seed: int, action_seed: int) -> None:
         from sim.backends.mujoco import MujocoOptions
@@ -247,15 +293,15 @@ class RawMujoco(RawLoop):
         )
         self.env = TabletopEnv(cfg)
         self.env.reset(seed)
+        self.low, self.high = np.full(4, -1.0), np.full(4, 1.0)
         self.rng = np.random.default_rng(action_seed)
 
-    def run(self, n: int) -> None:
-        env, rng = self.env, self.rng
-        for _ in range(n):
-            out = env.step(rng.uniform(-1.0, 1.0, size=4).astype(np.float32))
-            if out.terminated or out.truncated:
-                env.reset(None)
-                self.resets += 1
+    def step(self, action: np.ndarray, render: bool) -> bool:
+        out = self.env.step(action) if render else self.env.step_unrendered(action)
+        return out.terminated or out.truncated
+
+    def reset(self) -> None:
+        self.env.reset(None)
 
     def close(self) -> None:
         self.env.close()
@@ -268,22 +314,20 @@ RAW_LOOPS: dict[str, Callable[[Case, int, int], RawLoop]] = {
 }
 
 
-def _raw_worker(conn: Any, case_name: str, seed: int, warmup: int) -> None:
-    """Spawned process: build one raw env, warm it up, then run timed blocks on request."""
+def _raw_worker(conn: Any, case_name: str, seed: int) -> None:
+    """Spawned process: build one raw env, then run ``(chunks, horizon)`` blocks on request."""
     _set_threads()
     loop: RawLoop | None = None
     try:
         case = CASES[case_name]
         loop = RAW_LOOPS[case.raw](case, seed, seed + ACTION_SEED_OFFSET)
-        loop.run(warmup)
-        loop.resets = 0
         conn.send(("ok", None))
         while True:
-            cmd, n = conn.recv()
+            cmd, (chunks, horizon) = conn.recv()
             if cmd == "run":
                 cpu = time.process_time()
-                loop.run(n)
-                conn.send(("ok", (loop.resets, time.process_time() - cpu)))
+                resets = loop.run(chunks, horizon)
+                conn.send(("ok", (time.process_time() - cpu, resets)))
             else:
                 break
     except (KeyboardInterrupt, EOFError):
@@ -298,20 +342,18 @@ def _raw_worker(conn: Any, case_name: str, seed: int, warmup: int) -> None:
 class RawSide:
     """``workers`` raw loops in spawned processes (or one in this process when ``workers == 0``)."""
 
-    def __init__(self, case: Case, workers: int, seed: int, warmup: int) -> None:
+    def __init__(self, case: Case, workers: int, seed: int) -> None:
         self.workers = workers
         self.conns: list[Any] = []
         self.procs: list[Any] = []
         self.local: RawLoop | None = None
         if workers == 0:
             self.local = RAW_LOOPS[case.raw](case, seed, seed + ACTION_SEED_OFFSET)
-            self.local.run(warmup)
-            self.local.resets = 0
             return
         ctx = mp.get_context("spawn")
         for i in range(workers):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_raw_worker, args=(child, case.name, seed + i, warmup), daemon=True)
+            p = ctx.Process(target=_raw_worker, args=(child, case.name, seed + i), daemon=True)
             p.start()
             child.close()
             self.conns.append(parent)
@@ -326,29 +368,23 @@ class RawSide:
             raise RuntimeError(f"raw worker failed:\n{payload}")
         return payload
 
-    def run(self, steps_per_env: int) -> float:
-        """Step every raw env ``steps_per_env`` times (the workers in parallel); returns CPU seconds used."""
+    def run(self, chunks: int, horizon: int) -> tuple[float, int]:
+        """:meth:`RawLoop.run` on every raw env (the workers in parallel); returns (CPU seconds, resets)."""
         if self.local is not None:
             cpu = time.process_time()
-            self.local.run(steps_per_env)
-            return time.process_time() - cpu
+            resets = self.local.run(chunks, horizon)
+            return time.process_time() - cpu, resets
         for c in self.conns:
-            c.send(("run", steps_per_env))
+            c.send(("run", (chunks, horizon)))
         replies = [self._recv(c) for c in self.conns]
-        self.resets = sum(r for r, _ in replies)
-        return sum(c for _, c in replies)
-
-    def total_resets(self) -> int:
-        return self.local.resets if self.local is not None else self.resets
-
-    resets = 0
+        return sum(c for c, _ in replies), sum(r for _, r in replies)
 
     def close(self) -> None:
         if self.local is not None:
             self.local.close()
         for c in self.conns:
             try:
-                c.send(("close", 0))
+                c.send(("close", (0, 0)))
             except (BrokenPipeError, OSError):
                 pass
         for p in self.procs:
@@ -373,7 +409,7 @@ def _proc_cpu(pid: int) -> float:
 class OursSide:
     """``make_env(env_id, num_envs=max(workers, 1), num_workers=workers)`` stepped with random actions."""
 
-    def __init__(self, case: Case, workers: int, seed: int, warmup: int) -> None:
+    def __init__(self, case: Case, workers: int, seed: int) -> None:
         from sim import make_env
 
         self.num_envs = max(workers, 1)
@@ -382,26 +418,31 @@ class OursSide:
         spec = self.env.spec.action
         self.low = -1.0 if spec.low is None else spec.low
         self.high = 1.0 if spec.high is None else spec.high
-        self.shape = (self.num_envs, *spec.shape)
+        self.action_shape = tuple(spec.shape)
         self.worker_pids = sorted({p.pid for p in mp.active_children()} - before)
         self.rng = np.random.default_rng(seed + ACTION_SEED_OFFSET)
-        self.resets = 0
         self.env.reset()
-        self.run(warmup)
-        self.resets = 0
 
     def _cpu(self) -> float:
         return time.process_time() + sum(_proc_cpu(pid) for pid in self.worker_pids)
 
-    def run(self, steps_per_env: int) -> float:
-        """Step the batch ``steps_per_env`` times; returns CPU seconds used (this process + our workers)."""
+    def run(self, chunks: int, horizon: int) -> tuple[float, int]:
+        """``chunks`` random chunks of ``horizon`` steps: ``env.step_chunk``, or ``env.step`` when ``horizon == 1``.
+
+        Returns (CPU seconds of this process and our workers, resets).
+        """
         env, rng = self.env, self.rng
-        cpu = self._cpu()
-        for _ in range(steps_per_env):
-            actions = torch.from_numpy(rng.uniform(self.low, self.high, size=self.shape).astype(np.float32))
-            _, _, terminated, truncated, _ = env.step(actions)
-            self.resets += int((terminated | truncated).sum())
-        return self._cpu() - cpu
+        cpu, resets = self._cpu(), 0
+        for _ in range(chunks):
+            size = (self.num_envs, horizon, *self.action_shape)
+            actions = torch.from_numpy(rng.uniform(self.low, self.high, size=size).astype(np.float32))
+            if horizon == 1:
+                _, _, terminated, truncated, _ = env.step(actions[:, 0])
+            else:
+                out = env.step_chunk(actions)
+                terminated, truncated = out.terminated, out.truncated
+            resets += int((terminated | truncated).sum())
+        return self._cpu() - cpu, resets
 
     def close(self) -> None:
         self.env.close()
@@ -412,10 +453,11 @@ class OursSide:
 
 @dataclass
 class Result:
-    """Interleaved measurement of one (case, workers)."""
+    """Interleaved measurement of one (case, workers, mode)."""
 
     case: str
     workers: int
+    horizon: int  # steps per chunk; 1 = per-step mode
     steps: int  # env-steps per side
     raw_s: float
     ours_s: float
@@ -425,6 +467,11 @@ class Result:
     raw_resets: int
     ours_resets: int
     setup_s: float
+
+    @property
+    def mode(self) -> str:
+        """``step`` (per-step ``env.step``) or ``chunk H`` (``env.step_chunk`` on ``H``-step chunks)."""
+        return "step" if self.horizon == 1 else f"chunk {self.horizon}"
 
     @property
     def raw_sps(self) -> float:
@@ -443,31 +490,46 @@ class Result:
         return float(np.median(self.block_ratios))
 
 
-def measure(case: Case, workers: int, steps: int, rounds: int, seed: int) -> Result:
-    """Build both sides, then time ``rounds`` interleaved blocks each (raw/ours order alternating)."""
+def measure(case: Case, workers: int, steps: int, rounds: int, seed: int, horizons: list[int]) -> list[Result]:
+    """Build both sides once, warm every mode up, then time ``rounds`` interleaved blocks per side and mode.
+
+    ``horizons``: the modes, steps per chunk (1 = per-step). Each round times every mode in turn,
+    raw and ours in alternating order (ABBA); a block is ``steps // (rounds * envs * H)`` chunks per env.
+    """
     n_envs = max(workers, 1)
-    per_block = max(1, steps // (rounds * n_envs))  # steps per env per block
+    chunks = {h: max(1, steps // (rounds * n_envs * h)) for h in horizons}  # chunks per env per block
     t0 = time.perf_counter()
-    raw = RawSide(case, workers, seed, case.warmup)
+    raw = RawSide(case, workers, seed)
     try:
-        ours = OursSide(case, workers, seed, case.warmup)
+        ours = OursSide(case, workers, seed)
         try:
+            sides = {"raw": raw, "ours": ours}
+            for h in horizons:  # untimed warm-up
+                for side in sides.values():
+                    side.run(-(-case.warmup // h), h)
             setup = time.perf_counter() - t0
-            wall = {"raw": 0.0, "ours": 0.0}
-            cpu = {"raw": 0.0, "ours": 0.0}
-            ratios = []
+            keys = [(h, name) for h in horizons for name in sides]
+            wall, cpu, resets = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0)
+            ratios: dict[int, list[float]] = {h: [] for h in horizons}
             for r in range(rounds):
-                t = {}
-                for side, name in ((raw, "raw"), (ours, "ours")) if r % 2 == 0 else ((ours, "ours"), (raw, "raw")):
-                    s = time.perf_counter()
-                    cpu[name] += side.run(per_block)
-                    t[name] = time.perf_counter() - s
-                    wall[name] += t[name]
-                ratios.append(t["raw"] / t["ours"])
-            return Result(
-                case.name, workers, per_block * rounds * n_envs, wall["raw"], wall["ours"], cpu["raw"],
-                cpu["ours"], ratios, raw.total_resets(), ours.resets, setup,
-            )
+                order = ("raw", "ours") if r % 2 == 0 else ("ours", "raw")
+                for h in horizons:
+                    t = {}
+                    for name in order:
+                        s = time.perf_counter()
+                        block_cpu, block_resets = sides[name].run(chunks[h], h)
+                        t[name] = time.perf_counter() - s
+                        wall[h, name] += t[name]
+                        cpu[h, name] += block_cpu
+                        resets[h, name] += block_resets
+                    ratios[h].append(t["raw"] / t["ours"])
+            return [
+                Result(
+                    case.name, workers, h, chunks[h] * h * rounds * n_envs, wall[h, "raw"], wall[h, "ours"],
+                    cpu[h, "raw"], cpu[h, "ours"], ratios[h], resets[h, "raw"], resets[h, "ours"], setup,
+                )
+                for h in horizons
+            ]
         finally:
             ours.close()
     finally:
@@ -479,6 +541,8 @@ def measure(case: Case, workers: int, steps: int, rounds: int, seed: int) -> Res
 
 def markdown(results: list[Result], command: str, wall_s: float) -> str:
     """The ``## Simulator throughput`` section."""
+    chunked = sorted({r.horizon for r in results} - {1})
+    h = chunked[0] if len(chunked) == 1 else "H"
     lines = [
         SECTION,
         "",
@@ -486,26 +550,37 @@ def markdown(results: list[Result], command: str, wall_s: float) -> str:
         "simulator vs our layer (`sim.make_env`) on the same task, random actions in the action box, fixed "
         "seeds, warm-up excluded, both sides paying their auto-resets. Raw with W workers = W independent "
         "spawned processes each stepping one env with no pipe in the loop (W = 0: in this process); ours = "
-        "`make_env(num_envs=max(W, 1), num_workers=W)`. Timed blocks alternate raw/ours (ABBA) so both see "
-        "the same load; `ratio` = ours/raw steps/s over all blocks, `blocks` = median [min-max] of the per-block "
-        "ratios. `CPU ms/step` = CPU time (user + system) of every process on that side (ours: this process and "
-        "its env workers) per env-step: the load-independent cost. "
+        "`make_env(num_envs=max(W, 1), num_workers=W)`. `mode`: `step` = ours calls `env.step` once per batch "
+        "step, raw steps once, both build the full observation (rendered, in `rgb`) every step; "
+        f"`chunk {h}` = ours calls `env.step_chunk` on chunks of {h} random actions per env, raw steps {h} times "
+        "per chunk and reads only the last observation (MuJoCo: both sides render once per chunk, plus where an "
+        "episode ends; ManiSkill and LIBERO: both still build the full observation every step); an env whose "
+        "episode ends inside a chunk is reset and held still (zero actions) for the rest of it on both sides, and "
+        "every executed step counts. Both modes run on the same two sides; timed blocks alternate raw/ours (ABBA) "
+        "so both see the same load; `ratio` = ours/raw steps/s over all blocks, `blocks` = median [min-max] of the "
+        "per-block ratios. `CPU ms/step` = CPU time (user + system) of every process on that side (ours: this "
+        "process and its env workers) per env-step: the load-independent cost. "
         f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, no GPU, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
         f"load average {os.getloadavg()[0]:.1f} at the end: absolute numbers are noisy, ratios less so.",
         "",
-        "| case | workers | steps/side | raw steps/s | ours steps/s | ratio ours/raw | blocks | "
+        "| case | workers | mode | steps/side | raw steps/s | ours steps/s | ratio ours/raw | blocks | "
         "CPU ms/step raw / ours | resets raw/ours |",
-        "|---|---:|---:|---:|---:|---:|---|---|---|",
+        "|---|---:|---|---:|---:|---:|---:|---|---|---|",
     ]
     notes = [
         "",
         "The raw ManiSkill `state` env is made with ManiSkill's `obs_mode=\"state\"`, so it builds ManiSkill's flat "
         "state observation every step, like-for-like with ours (ManiSkill `obs_mode=\"none\"` plus our proprioception "
-        "and privileged state, `is_grasped` reused from ManiSkill's step info). Ours with workers pays one synchronous "
-        "pipe round trip per batch step (one byte each way; actions, observations, rewards and flags travel through "
-        "shared memory, instructions only when an env resets), a fixed cost that matters for ~2 ms MuJoCo steps and "
-        "not for ~100 ms LIBERO steps.",
+        "and privileged state, `is_grasped` reused from ManiSkill's step info). In `step` mode ours with workers pays "
+        "one synchronous pipe round trip per batch step (one byte each way; actions, observations, rewards and flags "
+        "travel through shared memory, instructions only when an env resets), a fixed cost that matters for ~2 ms "
+        "MuJoCo steps and not for ~100 ms LIBERO steps. In `chunk` mode it sends one message per worker per chunk "
+        "(the chunk's actions) and gets one reply (its per-step rewards and flags), so that cost is paid once per "
+        "chunk. Skipping renders inside a chunk speeds both MuJoCo sides (the raw loop skips them too), so the "
+        "ratio still isolates our layer's cost; what remains of ours' extra CPU in `chunk` mode is paid per chunk "
+        "in this process (unpickling the worker's reply, building the `ChunkSteps` tensors), so it shrinks with "
+        "longer chunks or more envs per worker.",
     ]
     for r in results:
         case = CASES[r.case]
@@ -513,7 +588,7 @@ def markdown(results: list[Result], command: str, wall_s: float) -> str:
         if case.note:
             label += f" ({case.note})"
         lines.append(
-            f"| {label} | {r.workers} | {r.steps} | {r.raw_sps:.1f} | {r.ours_sps:.1f} | {r.ratio:.2f} | "
+            f"| {label} | {r.workers} | {r.mode} | {r.steps} | {r.raw_sps:.1f} | {r.ours_sps:.1f} | {r.ratio:.2f} | "
             f"{r.median_block_ratio:.2f} [{min(r.block_ratios):.2f}-{max(r.block_ratios):.2f}] | "
             f"{1e3 * r.raw_cpu / r.steps:.2f} / {1e3 * r.ours_cpu / r.steps:.2f} | {r.raw_resets}/{r.ours_resets} |"
         )
@@ -527,7 +602,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2],
                    help="worker counts (0 = one env in this process, both sides)")
     p.add_argument("--steps", type=int, default=0, help="env-steps per side per case (0: each case's default)")
-    p.add_argument("--rounds", type=int, default=8, help="interleaved timed blocks per side")
+    p.add_argument("--rounds", type=int, default=8, help="interleaved timed blocks per side and mode")
+    p.add_argument("--chunk", type=int, default=4, metavar="H",
+                   help="also time env.step_chunk on H-step chunks against a raw loop doing the same (0 or 1: off)")
     p.add_argument("--quick", action="store_true", help="small step budgets (env start-ups then dominate the run time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--write", type=Path, default=None, help="replace the section in this markdown file")
@@ -535,22 +612,23 @@ def main() -> None:
     _set_threads()
     import sim  # noqa: F401  registers the backends before any worker starts
 
+    horizons = [1] + ([args.chunk] if args.chunk > 1 else [])
     t0 = time.perf_counter()
     results = []
     for name in args.cases:
         case = CASES[name]
         steps = args.steps or (case.quick_steps if args.quick else case.steps)
         for w in args.workers:
-            r = measure(case, w, steps, args.rounds, args.seed)
-            results.append(r)
-            print(
-                f"{name:16s} W={w} steps={r.steps:5d} raw {r.raw_sps:8.1f}/s ours {r.ours_sps:8.1f}/s "
-                f"ratio {r.ratio:.2f} (blocks {r.median_block_ratio:.2f} "
-                f"[{min(r.block_ratios):.2f}-{max(r.block_ratios):.2f}]) "
-                f"cpu ms/step {1e3 * r.raw_cpu / r.steps:.2f}/{1e3 * r.ours_cpu / r.steps:.2f} "
-                f"resets {r.raw_resets}/{r.ours_resets} setup {r.setup_s:.0f}s",
-                file=sys.stderr, flush=True,
-            )
+            for r in measure(case, w, steps, args.rounds, args.seed, horizons):
+                results.append(r)
+                print(
+                    f"{name:16s} W={w} {r.mode:8s} steps={r.steps:5d} raw {r.raw_sps:8.1f}/s ours {r.ours_sps:8.1f}/s "
+                    f"ratio {r.ratio:.2f} (blocks {r.median_block_ratio:.2f} "
+                    f"[{min(r.block_ratios):.2f}-{max(r.block_ratios):.2f}]) "
+                    f"cpu ms/step {1e3 * r.raw_cpu / r.steps:.2f}/{1e3 * r.ours_cpu / r.steps:.2f} "
+                    f"resets {r.raw_resets}/{r.ours_resets} setup {r.setup_s:.0f}s",
+                    file=sys.stderr, flush=True,
+                )
     command = "python benchmarks/sim_throughput.py " + " ".join(sys.argv[1:])
     section = markdown(results, command.strip(), time.perf_counter() - t0)
     print(section)
