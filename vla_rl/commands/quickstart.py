@@ -65,7 +65,7 @@ class QuickstartConfig:
     """Expert demos collected (cached); ``sft.episodes`` of them are used for pre-training."""
     demo_noise: float = 0.3
     """Std of the noise injected into executed demo actions (labels stay clean; see ``collect_demos``)."""
-    iterations: int = 160
+    iterations: int = 200
     """PPO iterations."""
     eval_episodes: int = 100
     """Episodes per evaluation (before and after RL, same held-out seeds)."""
