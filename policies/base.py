@@ -94,6 +94,11 @@ class Policy(nn.Module, abc.ABC):
         """Parameters trained by the value loss (default: those under a ``value_head`` attribute)."""
         return [p for n, p in self.named_parameters() if n.startswith("value_head.") and p.requires_grad]
 
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        """The parameters of the observation encoder (vision and language, trainable or not), which
+        ``algo.freeze_encoder`` keeps fixed during RL. Default: none declared."""
+        return []
+
     def actor_parameters(self) -> list[nn.Parameter]:
         """Parameters trained by the policy loss: every trainable parameter that is not the critic's."""
         critic = {id(p) for p in self.critic_parameters()}

@@ -119,6 +119,11 @@ class CompactFlowPolicy(FlowPolicy):
         assert self.hashed_text is not None
         return self.hashed_text(list(tasks), self.device)
 
+    def encoder_parameters(self) -> list[torch.nn.Parameter]:
+        """The camera CNNs, the prefix transformer and the instruction embedding (the MiniLM encoder is always frozen)."""
+        modules = [self.prefix] + ([self.hashed_text] if self.hashed_text is not None else [])
+        return [p for m in modules for p in m.parameters()]
+
     def encode(self, obs: dict[str, Any]) -> FlowContext:
         """Check ``obs`` and encode its prefix once; the returned velocity function reuses it.
 

@@ -55,6 +55,10 @@ class _PaliGemmaAdapter(LeRobotFlowPolicy):
         """The state tensor the action expert takes, or None when the processor tokenized it into the prompt."""
         return None
 
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        """The PaliGemma VLM (SigLIP vision tower + Gemma language model); the Gemma action expert is not in it."""
+        return list(self.lerobot.model.paligemma_with_expert.paligemma.parameters())
+
     def _encode_prefix(self, batch: dict[str, Any]) -> _Prefix:
         lp = self.lerobot
         images, img_masks = lp._preprocess_images(batch)
@@ -149,6 +153,10 @@ class LeRobotSmolVLAPolicy(LeRobotFlowPolicy):
     @staticmethod
     def _prefix_width(lerobot_policy: nn.Module) -> int:
         return lerobot_policy.model.vlm_with_expert.config.text_config.hidden_size
+
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        """The SmolVLM backbone (vision encoder + language model; LeRobot freezes it by default); not the action expert."""
+        return list(self.lerobot.model.vlm_with_expert.vlm.parameters())
 
     def _encode_prefix(self, batch: dict[str, Any]) -> _Prefix:
         from lerobot.policies.common.vla_utils import make_att_2d_masks

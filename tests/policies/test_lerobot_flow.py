@@ -237,3 +237,15 @@ def test_sft_loss_is_lerobots_flow_matching_loss_and_trains(policies: dict, kind
     assert grad is not None and float(grad.abs().sum()) > 0
     with pytest.raises(ValueError, match=r"\[B, H, A\] = \[2, 4, 3\]"):
         policy.sft_loss(obs, actions[:, :, :2])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_encoder_parameters_are_the_vlm_not_the_action_expert(policies: dict, kind: str) -> None:
+    policy = policies[kind]
+    encoder = {id(p) for p in policy.encoder_parameters()}
+    names = {id(p): n for n, p in policy.named_parameters()}
+    assert encoder, "no encoder parameters"
+    assert all("vision" in names[i] or "language_model" in names[i] or "text_model" in names[i] or "vlm" in names[i]
+               or "paligemma" in names[i] for i in encoder)
+    head = [n for n, p in policy.named_parameters() if id(p) not in encoder and p.requires_grad]
+    assert any("expert" in n for n in head), head[:10]

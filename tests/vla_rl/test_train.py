@@ -127,3 +127,35 @@ def test_evaluation_scores_a_policy_the_same_every_time_and_leaves_the_training_
         second = trainer._evaluate(policy, env, 0, None, "b")
     assert first.mean_return == second.mean_return and first.mean_length == second.mean_length
     assert first.successes == second.successes
+
+
+def test_freeze_encoder_trains_only_the_action_head_and_critic(tmp_path):
+    from vla_rl.algorithms.learners import PPOLearner
+    from vla_rl.rollout import RolloutEngine
+    from vla_rl.trainer import build_policy
+
+    cfg = parse_config(TrainConfig, [*TINY, "--run_dir", str(tmp_path), "--algo.freeze_encoder", "true",
+                                     "--algo.critic_warmup_iters", "0"])
+    with cfg.env.make(seed=0) as env:
+        torch.manual_seed(0)
+        policy = build_policy(cfg, env.spec)
+        encoder = {id(p) for p in policy.encoder_parameters()}
+        assert encoder and len(encoder) < len(list(policy.parameters()))
+        before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+        learner = PPOLearner(cfg.algo, policy)
+        trained = {id(p) for g in learner.optimizer.param_groups for p in g["params"]}
+        assert not trained & encoder, "the optimizer holds encoder parameters"
+        engine = RolloutEngine(env, policy, use_critic=True)
+        engine.reset(seed=0)
+        learner.update(engine.collect(4))
+    changed = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    assert any(n.startswith("expert.") for n in changed), changed
+    assert not any(n.startswith(("prefix.", "hashed_text.")) for n in changed), changed
+
+
+def test_freeze_encoder_needs_a_policy_that_names_its_encoder():
+    from tests.vla_rl.toy_policy import GaussianPolicy
+    from vla_rl.algorithms.learners import AlgoConfig, PPOLearner
+
+    with pytest.raises(ValueError, match="freeze_encoder"):
+        PPOLearner(AlgoConfig(freeze_encoder=True), GaussianPolicy(state_dim=1, action_dim=1))

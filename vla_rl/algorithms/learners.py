@@ -77,6 +77,10 @@ class AlgoConfig:
     value loss trains only the critic's own parameters, so critic noise cannot move the policy."""
     critic_warmup_iters: int = 0
     """Iterations at the start during which only the critic learns."""
+    freeze_encoder: bool = False
+    """Keep the policy's observation encoder (:meth:`policies.Policy.encoder_parameters`: vision and
+    language) fixed and train only the action head (and the critic): RL then cannot blur the features
+    pre-training learned, and an update skips the encoder's backward pass."""
     normalize_advantages: bool = True
     """Normalize advantages over each rollout."""
     target_kl: float = 0.0
@@ -110,6 +114,13 @@ class Learner:
     def __init__(self, cfg: AlgoConfig, policy: Policy) -> None:
         self.cfg = cfg
         self.policy = policy
+        if cfg.freeze_encoder:
+            encoder = policy.encoder_parameters()
+            if not encoder:
+                raise ValueError(f"algo.freeze_encoder: {type(policy).__name__} does not say which parameters "
+                                 "are its observation encoder (encoder_parameters() is empty)")
+            for p in encoder:
+                p.requires_grad_(False)
         groups = [{"params": policy.actor_parameters(), "lr": cfg.lr_actor, "name": "actor"}]
         critic = policy.critic_parameters() if self.uses_critic else []
         if self.uses_critic and not critic:
