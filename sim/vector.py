@@ -7,8 +7,9 @@ Two drivers share one bookkeeping base:
   ``forkserver`` (or ``spawn``) context, so simulators and renderers are
   always created inside a fresh worker, never before a fork. Observations,
   actions and per-step scalars (reward, flags, named reward terms) travel
-  through shared memory; per step each pipe carries one byte each way, plus
-  the new instructions of envs that reset (pickled) when some did.
+  through shared memory; per step each pipe carries one byte each way (per
+  action chunk five bytes out, one back), plus the new instructions of envs
+  that reset (pickled) when some did.
 
 Both auto-reset ended envs, keep the ended episode's final observation, track
 episode return/length/success and check action shapes. Both run whole action
@@ -122,25 +123,31 @@ class _Bookkeeping(VecEnv):
         shape = (horizon, n)
         term, trunc, success = flags
         ended = term | trunc
-        ret, length = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
-        final_task = [self._instructions[i] for i in ids]
-        seen = np.zeros(n, bool)
         rows = slice(first, first + n)
         ep_return, ep_len = self._ep_return[rows], self._ep_len[rows]  # views
-        for h in range(horizon):
-            ep_return += reward64[h]
-            ep_len += 1
-            if ended[h].any():
-                d = ended[h]
-                ret[h, d], length[h, d] = ep_return[d], ep_len[d]
-                ep_return[d], ep_len[d] = 0.0, 0
-                for k in np.flatnonzero(d):
-                    if not seen[k]:
-                        final_task[k], seen[k] = self._instructions[first + k], True
-                    self._instructions[first + k] = texts[h, int(k)]
-        final: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in final_bufs.items()}
-        final[TASK] = final_task
+        ret, length = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
         obs: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in obs_bufs.items()}
+        if not ended.any():  # the usual case: the episodes only go on (sequential sums, as step by step)
+            ep_return[:] = np.add.accumulate(np.concatenate([ep_return[None], reward64]), axis=0)[-1]
+            ep_len += horizon
+            final: Obs = dict(obs)  # no env ended: no row of final_obs is valid, so it needs no copy
+            final[TASK] = [self._instructions[i] for i in ids]
+        else:
+            final_task = [self._instructions[i] for i in ids]
+            seen = np.zeros(n, bool)
+            for h in range(horizon):
+                ep_return += reward64[h]
+                ep_len += 1
+                if ended[h].any():
+                    d = ended[h]
+                    ret[h, d], length[h, d] = ep_return[d], ep_len[d]
+                    ep_return[d], ep_len[d] = 0.0, 0
+                    for k in np.flatnonzero(d):
+                        if not seen[k]:
+                            final_task[k], seen[k] = self._instructions[first + k], True
+                        self._instructions[first + k] = texts[h, int(k)]
+            final = {k: torch.from_numpy(v[rows].copy()) for k, v in final_bufs.items()}
+            final[TASK] = final_task
         obs[TASK] = [self._instructions[i] for i in ids]
         return ChunkSteps(
             env_ids=list(ids), reward=torch.from_numpy(reward64.astype(np.float32)),

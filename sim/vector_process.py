@@ -3,7 +3,10 @@
 Envs are spread over worker processes in contiguous slices; observations,
 actions and per-step scalars live in shared memory and the pipes carry one
 byte per step each way. Whole action chunks can run asynchronously on a group
-of workers (:meth:`ProcessVecEnv.chunk_async` / :meth:`ProcessVecEnv.chunk_wait`).
+of workers (:meth:`ProcessVecEnv.chunk_async` / :meth:`ProcessVecEnv.chunk_wait`);
+a chunk's actions and per-step results travel through per-worker shared chunk
+buffers, so a chunk costs a five-byte message and a one-byte reply (pickled
+news only when an env reset or reported new reward-term names).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from sim.vector import EnvFactory, _Bookkeeping, _write, run_chunk
 
 MAX_REWARD_TERMS = 32  # named reward terms per env that fit the shared step buffers
 _STEP = b"s"  # parent -> worker: step with the actions in the shared action buffer
-_DONE = b"k"  # worker -> parent: step done, results in shared memory, no instruction or term-name news
+_CHUNK = b"c"  # parent -> worker, + horizon (4 bytes): run the chunk in the worker's shared chunk buffers
+_DONE = b"k"  # worker -> parent: step or chunk done, results in shared memory, no instruction or term-name news
 
 
 def _shared_buffers(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
@@ -44,6 +48,20 @@ def _step_buffers(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
     }
 
 
+def _chunk_buffers(spec: EnvSpec, n: int, horizon: int) -> dict[str, torch.Tensor]:
+    """One worker's shared chunk buffers for up to ``horizon`` steps on its ``n`` envs (columns = its envs).
+
+    ``actions [n, H, A]`` in; per-step results out: ``reward [H, n]``, ``flags [3, H, n]`` (term, trunc,
+    success) and ``terms [MAX_REWARD_TERMS, H, n]`` (rows = the worker's term slots).
+    """
+    return {
+        "actions": torch.zeros((n, horizon, *spec.action.shape), dtype=torch.float32).share_memory_(),
+        "reward": torch.zeros((horizon, n), dtype=torch.float64).share_memory_(),
+        "flags": torch.zeros((3, horizon, n), dtype=torch.bool).share_memory_(),
+        "terms": torch.zeros((MAX_REWARD_TERMS, horizon, n), dtype=torch.float32).share_memory_(),
+    }
+
+
 def _numpy_views(bufs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in bufs.items()}
 
@@ -56,8 +74,11 @@ class _TermSlots:
         self.names: list[str] | None = None  # None until an env reports reward terms
         self._slot: dict[str, int] = {}
 
-    def put(self, out: dict[str, float], into: np.ndarray, col: int) -> bool:
-        """Write ``out`` into ``into[slot, col]``; names this env does not report read 0. Returns: new names."""
+    def put(self, out: dict[str, Any], into: np.ndarray, col: int | slice) -> bool:
+        """Write ``out`` (name -> value, or array) into ``into[slot, col]``; names not in ``out`` read 0.
+
+        Returns whether new names were added.
+        """
         grew = self.names is None
         if grew:
             self.names = []
@@ -98,6 +119,15 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
         act_buf, reward_buf, term_buf = step_bufs["actions"][rows], step_bufs["reward"], step_bufs["terms"]
         flags = step_bufs["flags"]
         slots = _TermSlots(spec.env_id)
+        chunk: dict[str, np.ndarray] = {}  # shared chunk buffers, sent by the parent before the first chunk
+
+        def reply(texts: list[tuple[Any, ...]] | None, grew: bool) -> None:
+            """One byte, or the instructions of envs that reset and the term names when they grew."""
+            if texts is None and not grew:
+                conn.send_bytes(_DONE)
+            else:
+                conn.send(("ok", (texts or [], list(slots.names or ()) if grew else None)))
+
         while True:
             msg = conn.recv_bytes()
             if msg == _STEP:  # actions in shared memory; results back in shared memory
@@ -118,14 +148,23 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int) -> None
                         obs, text = env.reset(None)
                         _write(obs_bufs, row, obs)
                         texts = (texts or []) + [(j, text)]
-                if texts is None and not grew:
-                    conn.send_bytes(_DONE)
-                else:
-                    conn.send(("ok", (texts or [], list(slots.names) if grew else None)))
+                reply(texts, grew)
+                continue
+            if msg[:1] == _CHUNK:  # actions [n, H, A] in the shared chunk buffers; per-step results back there
+                horizon = int.from_bytes(msg[1:], "little")
+                reward, chunk_flags, terms, chunk_texts = run_chunk(
+                    envs, chunk["actions"][:, :horizon].copy(), obs_bufs, final_bufs, offset)
+                chunk["reward"][:horizon], chunk["flags"][:, :horizon] = reward, chunk_flags
+                grew = False
+                if terms:
+                    grew = slots.put(terms, chunk["terms"][:, :horizon], slice(None))
+                elif slots.names:
+                    chunk["terms"][: len(slots.names), :horizon] = 0.0
+                reply(chunk_texts or None, grew)
                 continue
             cmd, arg = pickle.loads(msg)
-            if cmd == "chunk":  # arg: actions [n, H, A]
-                conn.send(("ok", run_chunk(envs, arg, obs_bufs, final_bufs, offset)))
+            if cmd == "chunk_buffers":  # arg: this worker's new shared chunk buffers (no reply)
+                chunk = _numpy_views(arg)
             elif cmd == "reset":
                 texts = []
                 for j, seed in arg:
@@ -187,6 +226,7 @@ class ProcessVecEnv(_Bookkeeping):
         self._slices = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         self._conns, self._procs = [], []
         self._pending: dict[int, int] = {}  # worker -> chunk length, for chunks in flight
+        self._chunk_bufs: list[dict[str, np.ndarray] | None] = [None] * num_workers  # per worker, grown on demand
         try:
             for a, b in self._slices:
                 parent, child = ctx.Pipe()
@@ -208,7 +248,7 @@ class ProcessVecEnv(_Bookkeeping):
             self._obs_bufs, self._final_bufs = _numpy_views(obs_t), _numpy_views(final_t)
             self._step_bufs = _numpy_views(step_t)
             self._term_names: list[list[str] | None] = [None] * len(self._conns)
-            self._term_layout: tuple[list[str] | None, bool] | None = None
+            self._term_layouts: dict[tuple[int, ...], tuple[list[str] | None, bool]] = {}  # see _layout
         except BaseException:
             self.close()
             raise
@@ -260,8 +300,7 @@ class ProcessVecEnv(_Bookkeeping):
                 continue
             texts, names = news
             if names is not None:
-                self._term_names[w] = names
-                self._term_layout = None
+                self._set_term_names(w, names)
             if texts and final_instructions is None:
                 final_instructions = list(self._instructions)
             for j, text in texts:
@@ -271,11 +310,20 @@ class ProcessVecEnv(_Bookkeeping):
         return self._finish_step(reward, term, trunc, success, self._terms(), self._batch(self._obs_bufs),
                                  self._obs_bufs, self._final_bufs, final_instructions)
 
+    def _set_term_names(self, w: int, names: list[str]) -> None:
+        self._term_names[w] = names
+        self._term_layouts.clear()
+
+    def _layout(self, workers: tuple[int, ...]) -> tuple[list[str] | None, bool]:
+        """:func:`_term_layout` of ``workers``, recomputed only when a worker reports new names."""
+        layout = self._term_layouts.get(workers)
+        if layout is None:
+            layout = self._term_layouts[workers] = _term_layout([self._term_names[w] for w in workers])
+        return layout
+
     def _terms(self) -> dict[str, np.ndarray] | None:
         """This step's named reward terms ``float32 [B]`` (views of one fresh array), from the shared buffer."""
-        if self._term_layout is None:  # recomputed only when a worker reports new names
-            self._term_layout = _term_layout(self._term_names)
-        names, same = self._term_layout
+        names, same = self._layout(tuple(range(len(self._conns))))
         if names is None:
             return None
         buf = self._step_bufs["terms"]
@@ -327,20 +375,34 @@ class ProcessVecEnv(_Bookkeeping):
                 action shape.
         """
         workers = self._workers_of(env_ids)
-        busy = [w for w in workers if w in self._pending]
-        if busy:
-            raise EnvError(f"{self._env_id}: workers {busy} already run a chunk; call chunk_wait() first")
         if not isinstance(actions, torch.Tensor) or actions.ndim != 3 or tuple(actions.shape[::2]) != (
                 len(env_ids), *self.spec.action.shape):
             shape = list(actions.shape) if isinstance(actions, torch.Tensor) else type(actions).__name__
             raise EnvError(f"{self._env_id}: chunk actions must be [n_envs={len(env_ids)}, H, "
                            f"{self.spec.action_dim}], got {shape}")
-        acts = actions.detach().to("cpu", torch.float32).numpy()
-        first = env_ids[0]
+        self._launch(workers, actions.detach().to("cpu", torch.float32).numpy(), env_ids[0])
+
+    def _launch(self, workers: list[int], acts: np.ndarray, first: int) -> None:
+        """Write ``acts [n, H, A]`` (rows from env ``first``) into the workers' chunk buffers and start them."""
+        busy = [w for w in workers if w in self._pending]
+        if busy:
+            raise EnvError(f"{self._env_id}: workers {busy} already run a chunk; call chunk_wait() first")
+        horizon = acts.shape[1]
         for w in workers:
             a, b = self._slices[w]
-            self._conns[w].send(("chunk", acts[a - first : b - first]))
-            self._pending[w] = acts.shape[1]
+            self._chunk_buffers(w, horizon)["actions"][:, :horizon] = acts[a - first : b - first]
+            self._conns[w].send_bytes(_CHUNK + horizon.to_bytes(4, "little"))
+            self._pending[w] = horizon
+
+    def _chunk_buffers(self, w: int, horizon: int) -> dict[str, np.ndarray]:
+        """Worker ``w``'s shared chunk buffers; replaced by (and sent to the idle worker) larger ones when needed."""
+        bufs = self._chunk_bufs[w]
+        if bufs is None or bufs["reward"].shape[0] < horizon:
+            a, b = self._slices[w]
+            tensors = _chunk_buffers(self.spec, b - a, horizon)
+            self._conns[w].send(("chunk_buffers", tensors))
+            bufs = self._chunk_bufs[w] = _numpy_views(tensors)
+        return bufs
 
     def chunk_wait(self, env_ids: Sequence[int]) -> ChunkSteps:
         """Wait for the chunk started by :meth:`chunk_async` on ``env_ids``; see :class:`ChunkSteps`.
@@ -351,32 +413,50 @@ class ProcessVecEnv(_Bookkeeping):
         workers = self._workers_of(env_ids)
         if any(w not in self._pending for w in workers):
             raise EnvError(f"{self._env_id}: no chunk in flight on env_ids {list(env_ids)[:8]}...")
-        per_worker = []
-        for w in workers:
-            horizon = self._pending.pop(w)
-            per_worker.append(self._recv(w))
         ids = list(env_ids)
         n, first = len(ids), ids[0]
-        shape = (horizon, n)
-        reward64 = np.zeros(shape, np.float64)
-        flags = np.zeros((3, *shape), bool)
-        terms: dict[str, np.ndarray] = {}
         texts: dict[tuple[int, int], str] = {}
-        for w, (w_reward, w_flags, w_terms, w_texts) in zip(workers, per_worker):
-            a, b = self._slices[w]
-            cols = slice(a - first, b - first)
-            reward64[:, cols], flags[:, :, cols] = w_reward, w_flags
-            for name, value in w_terms.items():
-                terms.setdefault(name, np.zeros(shape, np.float32))[:, cols] = value
+        for w in workers:
+            horizon = self._pending.pop(w)
+            news = self._recv(w)
+            if news is None:
+                continue
+            w_texts, names = news
+            if names is not None:
+                self._set_term_names(w, names)
             for h, j, text in w_texts:
-                texts[h, a + j - first] = text
+                texts[h, self._slices[w][0] + j - first] = text
+        reward64 = np.empty((horizon, n), np.float64)
+        flags = np.empty((3, horizon, n), bool)
+        for w in workers:
+            a, b = self._slices[w]
+            bufs = self._chunk_bufs[w]
+            reward64[:, a - first : b - first] = bufs["reward"][:horizon]
+            flags[:, :, a - first : b - first] = bufs["flags"][:, :horizon]
+        terms = self._chunk_terms(workers, horizon, first, n)
         return self._chunk_steps(ids, reward64, flags, terms, texts, self._obs_bufs, self._final_bufs)
 
+    def _chunk_terms(self, workers: list[int], horizon: int, first: int, n: int) -> dict[str, np.ndarray]:
+        """The chunk's named reward terms ``float32 [H, n]`` (union over ``workers``), from their chunk buffers."""
+        names, _ = self._layout(tuple(workers))
+        if names is None:
+            return {}
+        table = np.zeros((len(names), horizon, n), np.float32)
+        for w in workers:
+            a, b = self._slices[w]
+            cols = slice(a - first, b - first)
+            w_names, src = self._term_names[w] or [], self._chunk_bufs[w]["terms"]
+            if w_names == names[: len(w_names)]:  # the usual case: the worker's slots in the union's order
+                table[: len(w_names), :, cols] = src[: len(w_names), :horizon]
+            else:
+                for slot, k in enumerate(w_names):
+                    table[names.index(k), :, cols] = src[slot, :horizon]
+        return dict(zip(names, table))
+
     def step_chunk(self, actions: torch.Tensor) -> ChunkSteps:
-        """One message per worker: :meth:`chunk_async` on every env, then :meth:`chunk_wait`."""
-        ids = list(range(self.num_envs))
-        self.chunk_async(self._check_chunk(actions), ids)
-        steps = self.chunk_wait(ids)
+        """One five-byte message per worker (actions in its shared chunk buffer), then :meth:`chunk_wait`."""
+        self._launch(list(range(len(self._slices))), self._check_chunk(actions).numpy(), 0)
+        steps = self.chunk_wait(list(range(self.num_envs)))
         self._last_obs = steps.obs
         return steps
 
