@@ -6,8 +6,8 @@ Flow-SDE one-step; one torch thread, measured with
 ``benchmarks/policy_latency.py --only compact-flow`` on a 2-core machine):
 1.02 M trainable parameters (the frozen 22.7 M MiniLM encoder ships with its
 package and is not in the checkpoint); for a batch of 16 envs ``act`` costs
-about 30 ms, an RL update step (``evaluate`` + backward + Adam) about 57 ms,
-an SFT step about 42 ms.
+about 20 ms, an RL update step (``evaluate`` + backward + Adam) about 46 ms,
+an SFT step about 36 ms.
 """
 
 from __future__ import annotations
