@@ -126,28 +126,25 @@ class _Bookkeeping(VecEnv):
         rows = slice(first, first + n)
         ep_return, ep_len = self._ep_return[rows], self._ep_len[rows]  # views
         ret, length = np.zeros(shape, np.float32), np.zeros(shape, np.int64)
+        final_task = [self._instructions[i] for i in ids]
+        seen = np.zeros(n, bool)
+        for h in range(horizon):  # step by step, so sums match stepping one action at a time
+            ep_return += reward64[h]
+            ep_len += 1
+            if ended[h].any():
+                d = ended[h]
+                ret[h, d], length[h, d] = ep_return[d], ep_len[d]
+                ep_return[d], ep_len[d] = 0.0, 0
+                for k in np.flatnonzero(d):
+                    if not seen[k]:
+                        final_task[k], seen[k] = self._instructions[first + k], True
+                    self._instructions[first + k] = texts[h, int(k)]
         obs: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in obs_bufs.items()}
-        if not ended.any():  # the usual case: the episodes only go on (sequential sums, as step by step)
-            ep_return[:] = np.add.accumulate(np.concatenate([ep_return[None], reward64]), axis=0)[-1]
-            ep_len += horizon
-            final: Obs = dict(obs)  # no env ended: no row of final_obs is valid, so it needs no copy
-            final[TASK] = [self._instructions[i] for i in ids]
-        else:
-            final_task = [self._instructions[i] for i in ids]
-            seen = np.zeros(n, bool)
-            for h in range(horizon):
-                ep_return += reward64[h]
-                ep_len += 1
-                if ended[h].any():
-                    d = ended[h]
-                    ret[h, d], length[h, d] = ep_return[d], ep_len[d]
-                    ep_return[d], ep_len[d] = 0.0, 0
-                    for k in np.flatnonzero(d):
-                        if not seen[k]:
-                            final_task[k], seen[k] = self._instructions[first + k], True
-                        self._instructions[first + k] = texts[h, int(k)]
-            final = {k: torch.from_numpy(v[rows].copy()) for k, v in final_bufs.items()}
-            final[TASK] = final_task
+        if ended.any():
+            final: Obs = {k: torch.from_numpy(v[rows].copy()) for k, v in final_bufs.items()}
+        else:  # no env ended: no row of final_obs is valid, so it needs no copy
+            final = dict(obs)
+        final[TASK] = final_task
         obs[TASK] = [self._instructions[i] for i in ids]
         return ChunkSteps(
             env_ids=list(ids), reward=torch.from_numpy(reward64.astype(np.float32)),

@@ -295,12 +295,7 @@ class ProcessVecEnv(_Bookkeeping):
             c.send_bytes(_STEP)
         final_instructions = None
         for w, (a, _) in enumerate(self._slices):
-            news = self._recv(w)
-            if news is None:
-                continue
-            texts, names = news
-            if names is not None:
-                self._set_term_names(w, names)
+            texts = self._recv_news(w)
             if texts and final_instructions is None:
                 final_instructions = list(self._instructions)
             for j, text in texts:
@@ -309,6 +304,16 @@ class ProcessVecEnv(_Bookkeeping):
         term, trunc, success = bufs["flags"].copy()
         return self._finish_step(reward, term, trunc, success, self._terms(), self._batch(self._obs_bufs),
                                  self._obs_bufs, self._final_bufs, final_instructions)
+
+    def _recv_news(self, w: int) -> list[tuple[Any, ...]]:
+        """Wait for worker ``w``'s step or chunk reply; record new reward-term names; return its resets' instructions."""
+        news = self._recv(w)
+        if news is None:
+            return []
+        texts, names = news
+        if names is not None:
+            self._set_term_names(w, names)
+        return texts
 
     def _set_term_names(self, w: int, names: list[str]) -> None:
         self._term_names[w] = names
@@ -418,13 +423,7 @@ class ProcessVecEnv(_Bookkeeping):
         texts: dict[tuple[int, int], str] = {}
         for w in workers:
             horizon = self._pending.pop(w)
-            news = self._recv(w)
-            if news is None:
-                continue
-            w_texts, names = news
-            if names is not None:
-                self._set_term_names(w, names)
-            for h, j, text in w_texts:
+            for h, j, text in self._recv_news(w):
                 texts[h, self._slices[w][0] + j - first] = text
         reward64 = np.empty((horizon, n), np.float64)
         flags = np.empty((3, horizon, n), bool)
