@@ -66,14 +66,43 @@ class EvalConfig:
     """Episodes per evaluation."""
     num_envs: int = 0
     """Eval envs; 0 = the same as env.num_envs."""
-    seed: int = 1_000_000
-    """Base seed of the evaluation episodes, far from the training seeds."""
+    seed: int | None = None
+    """Base seed of the evaluation episodes (eval env ``i`` plays from seed ``seed + i``); None = the run's
+    ``seed * 1_000_000 + 900_000``, above every training seed of runs shorter than 900 iterations. It must
+    not be a training seed (checked)."""
     every: int = 5
     """Evaluate every this many iterations (and before the first and after the last); 0 = only before and after."""
     video: bool = True
     """Write an MP4 of each evaluation."""
     video_envs: int = 4
     """Envs tiled into the eval video."""
+
+
+SEED_BLOCK = 1_000_000
+"""Run seed ``s`` trains from seeds in ``[s * SEED_BLOCK, (s + 1) * SEED_BLOCK)``."""
+TRAIN_SEED_STRIDE = 1000
+"""Iteration ``k`` trains from seeds ``s * SEED_BLOCK + k * TRAIN_SEED_STRIDE + i`` (env or group ``i``)."""
+EVAL_SEED_OFFSET = 900_000
+"""The default evaluation seed is ``s * SEED_BLOCK + EVAL_SEED_OFFSET``."""
+
+
+def training_seed_range(cfg: TrainConfig, iteration: int) -> tuple[int, int]:
+    """``[lo, hi)``: the reset seeds iteration ``iteration`` of ``cfg`` may use (one per env or group)."""
+    lo = cfg.seed * SEED_BLOCK + iteration * TRAIN_SEED_STRIDE
+    return lo, lo + cfg.env.num_envs
+
+
+def training_seed_overlap(cfg: TrainConfig) -> int | None:
+    """The first iteration whose training seeds include an evaluation seed, or None."""
+    e0, e1 = cfg.eval.seed, cfg.eval.seed + cfg.eval_envs
+    base = cfg.seed * SEED_BLOCK
+    first = max(0, (e0 - base - cfg.env.num_envs) // TRAIN_SEED_STRIDE)
+    last = min(cfg.iterations - 1, (e1 - 1 - base) // TRAIN_SEED_STRIDE)
+    for k in range(first, last + 1):
+        lo, hi = training_seed_range(cfg, k)
+        if lo < e1 and e0 < hi:
+            return k
+    return None
 
 
 def _default_policy() -> PolicyConfig:
@@ -131,6 +160,23 @@ class TrainConfig:
                 f"policy.chunk_size / exec_steps ({steps}) is longer than env.max_episode_steps "
                 f"({self.env.max_episode_steps}): one decision would span several episodes"
             )
+
+        if self.eval.seed is None:
+            self.eval.seed = self.seed * SEED_BLOCK + EVAL_SEED_OFFSET
+        clash = training_seed_overlap(self)
+        if clash is not None:
+            lo, hi = training_seed_range(self, clash)
+            raise ValueError(
+                f"eval.seed={self.eval.seed}: the evaluation seeds [{self.eval.seed}, {self.eval.seed + self.eval_envs}) "
+                f"overlap the training seeds [{lo}, {hi}) of iteration {clash} (iteration k trains from "
+                f"seed * {SEED_BLOCK} + k * {TRAIN_SEED_STRIDE} + env): held-out episodes would be trained on. "
+                "Leave eval.seed unset or pick one outside the run's training seeds."
+            )
+
+    @property
+    def eval_envs(self) -> int:
+        """Envs of the evaluation env."""
+        return self.eval.num_envs or self.env.num_envs
 
     @property
     def run_name(self) -> str:

@@ -6,6 +6,7 @@ Plus the real-size RL gain from a fixed few-shot start (about 6 minutes, the lon
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -84,15 +85,19 @@ def test_chunk_longer_than_an_episode_fails_before_any_work(tmp_path, capsys):
     assert not run.exists() and not (tmp_path / "cache").exists()
 
 
-def test_default_quickstart_config_is_consistent():
-    from vla_rl.commands.quickstart import QuickstartConfig, _train_config
-    from vla_rl.trainer import check_episode_fits
+def test_quickstart_demo_training_and_eval_seeds_are_disjoint():
+    from vla_rl.commands.quickstart import QuickstartConfig, _demo_seed, _train_config
+    from vla_rl.train_config import SEED_BLOCK, TRAIN_SEED_STRIDE
 
-    cfg = QuickstartConfig()
-    train = _train_config(cfg, tmp := __import__("pathlib").Path("/nonexistent-run"), policy_path="")
-    with cfg.env.make(num_envs=1) as env:
-        check_episode_fits(train, env.spec, cfg.policy.chunk_size)  # raises if an episode cannot fit
-    assert cfg.eval_episodes >= 100 and train.run_dir == str(tmp)
+    for seed in (0, 1, 2):
+        cfg = QuickstartConfig(seed=seed)
+        train = _train_config(cfg, Path("/nonexistent-run"), policy_path="")
+        n = cfg.env.num_envs
+        training = {seed * SEED_BLOCK + k * TRAIN_SEED_STRIDE + i for k in range(cfg.iterations) for i in range(n)}
+        demos = set(range(_demo_seed(cfg), _demo_seed(cfg) + n))
+        held_out = set(range(train.eval.seed, train.eval.seed + train.eval_envs))
+        assert cfg.eval_episodes >= 100 and train.eval.episodes == cfg.eval_episodes
+        assert not held_out & training and not held_out & demos and not demos & training
 
 
 def test_flow_sde_ppo_raises_success_on_the_real_tabletop(tmp_path):

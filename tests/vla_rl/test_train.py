@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vla_rl.cli import parse_config
-from vla_rl.train_config import TrainConfig
+from vla_rl.train_config import SEED_BLOCK, TRAIN_SEED_STRIDE, TrainConfig, training_seed_overlap
 
 TINY = [
     "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--env.image_size", "32", "--env.max_episode_steps", "16",
@@ -35,6 +35,7 @@ TINY = [
         (["--env.max_episode_steps", "4", "--policy.chunk_size", "8"], "env.max_episode_steps"),
         (["--exec_steps", "9", "--policy.chunk_size", "8"], "exec_steps"),
         (["--algo.dual_clip", "0.5"], "algo.dual_clip"),
+        (["--seed", "1", "--eval.seed", "1003001", "--iterations", "5"], "eval.seed"),  # iteration 3's seeds
     ],
 )
 def test_bad_configs_fail_at_parse_time_naming_the_field(args, field, capsys):
@@ -42,6 +43,20 @@ def test_bad_configs_fail_at_parse_time_naming_the_field(args, field, capsys):
         parse_config(TrainConfig, args)
     assert exc.value.code == 2
     assert field in capsys.readouterr().err
+
+
+def test_default_eval_seeds_are_held_out_of_training(capsys):
+    for seed in (0, 1, 2, 7):
+        cfg = parse_config(TrainConfig, ["--seed", str(seed), "--iterations", "899", "--env.num_envs", "64"])
+        train = {cfg.seed * SEED_BLOCK + k * TRAIN_SEED_STRIDE + i for k in range(cfg.iterations) for i in range(64)}
+        held_out = set(range(cfg.eval.seed, cfg.eval.seed + cfg.eval_envs))
+        assert held_out and not held_out & train
+    # an overlap anywhere in an iteration's seed range counts, not only at its first seed
+    args = ["--env.num_envs", "16", "--eval.seed", "7010"]
+    assert training_seed_overlap(parse_config(TrainConfig, [*args, "--iterations", "7"])) is None
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, [*args, "--iterations", "8"])
+    assert "iteration 7" in capsys.readouterr().err
 
 
 def _train(run_dir: Path, iterations: int, resume: bool = False) -> subprocess.Popen:

@@ -31,7 +31,7 @@ from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
 from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.sft import SFTConfig, load_demo_chunks, pretrain
-from vla_rl.train_config import POLICY_CHOICES, EvalConfig, PolicyConfig, TrainConfig
+from vla_rl.train_config import POLICY_CHOICES, SEED_BLOCK, EvalConfig, PolicyConfig, TrainConfig
 from vla_rl.trainer import Trainer, build_policy, seed_everything
 
 
@@ -94,7 +94,12 @@ def _demo_root(cfg: QuickstartConfig) -> Path:
     e = cfg.env
     cams = "-wrist" if e.wrist_camera else ""
     name = f"{e.id.replace('/', '-')}-{e.obs_mode}{e.image_size}{cams}-n{cfg.demos}-noise{cfg.demo_noise:g}"
-    return base / f"{name}-s{cfg.seed}"
+    return base / f"{name}-seed{_demo_seed(cfg)}"
+
+
+def _demo_seed(cfg: QuickstartConfig) -> int:
+    """Base seed of the demo episodes: inside the run's seed block, between training and evaluation."""
+    return cfg.seed * SEED_BLOCK + 500_000
 
 
 def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
@@ -121,7 +126,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     demo_root = _demo_root(cfg)
     if not (demo_root / "meta" / "info.json").exists():
         print(f"[1/4] collecting {cfg.demos} expert demos -> {demo_root}")
-        with cfg.env.make(seed=cfg.seed + 500_000) as env:
+        with cfg.env.make(seed=_demo_seed(cfg)) as env:
             collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos", action_noise=cfg.demo_noise,
                           seed=cfg.seed)
     else:
@@ -185,7 +190,7 @@ def _train_config(cfg: QuickstartConfig, run_dir: Path, policy_path: str) -> Tra
         env=cfg.env, policy=dataclasses.replace(cfg.policy, path=policy_path), algo=cfg.algo, logging=cfg.logging,
         iterations=cfg.iterations, seed=cfg.seed, run_dir=str(run_dir), reset_every_iteration=False,
         resume=cfg.resume or (run_dir / "checkpoints").exists(),
-        eval=EvalConfig(episodes=cfg.eval_episodes, seed=1_000_000 + cfg.seed * 10_000, every=cfg.eval_every,
+        eval=EvalConfig(episodes=cfg.eval_episodes, every=cfg.eval_every,
                         video=True),
     )
 
