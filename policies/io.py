@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 OBS_IMAGE_PREFIX = "observation.images."
 OBS_STATE = "observation.state"
+OBS_ENV_STATE = "observation.env_state"
 TASK = "task"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from policies.base import ActMode, Policy
 from policies.io import load_policy
 from policies.registry import POLICIES
-from sim.core import OBS_STATE, EnvSpec
+from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.learners import ALGORITHMS, Learner
 from vla_rl.config import ConfigError, default_runs_dir
@@ -45,6 +45,8 @@ def spec_fields(spec: EnvSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"action_dim": spec.action_dim, "cameras": tuple(spec.cameras)}
     if OBS_STATE in spec.observation:
         out["state_dim"] = spec.observation[OBS_STATE].shape[0]
+    if OBS_ENV_STATE in spec.observation:
+        out["env_state_dim"] = spec.observation[OBS_ENV_STATE].shape[0]
     if spec.image_keys:
         out["image_size"] = tuple(spec.observation[spec.image_keys[0]].shape[:2])
     return out

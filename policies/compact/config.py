@@ -56,7 +56,10 @@ class CompactFlowConfig:
     text_buckets: int = 4096
     """Hash buckets of the ``hashed`` text encoder."""
     value_placement: ValuePlacement = ValuePlacement.EXPERT
-    """Critic features: ``expert`` (action-expert output mean), ``prefix`` (prefix mean) or ``none``."""
+    """Critic input: ``expert`` (action-expert output mean), ``prefix`` (prefix mean), ``state`` (privileged
+    robot + env state: an asymmetric critic for simulation) or ``none``."""
+    env_state_dim: int = 0
+    """P, the size of the env's ``observation.env_state`` (read only by the ``state`` critic; 0 = none)."""
     value_hidden: int = 128
     """Hidden width of the value head."""
     noise_hidden: int = 64

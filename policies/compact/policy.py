@@ -57,6 +57,7 @@ class CompactFlowPolicy(FlowPolicy):
         dims = FlowHeadDims(
             expert_dim=c.width, prefix_dim=c.width, model_action_dim=c.action_dim, action_dim=c.action_dim,
             horizon=c.chunk_size, value_hidden=c.value_hidden, noise_hidden=c.noise_hidden,
+            critic_state_dim=c.state_dim + c.env_state_dim if c.env_state_dim else 0,
         )
         super().__init__(c.sampler, c.logp_level, c.value_placement, dims)
         self.config = c

@@ -72,7 +72,10 @@ class LeRobotFlowConfig:
     logp_level: LogProbLevel = LogProbLevel.CHUNK
     """Granularity of log-probs: token (per action dim), action, or chunk."""
     value_placement: ValuePlacement = ValuePlacement.EXPERT
-    """Critic features: ``expert`` (pi_RL's pi0 choice), ``prefix`` (pi0.5 choice) or ``none``."""
+    """Critic input: ``expert`` (pi_RL's pi0 choice), ``prefix`` (pi0.5 choice), ``state`` (privileged robot +
+    env state, an asymmetric critic for simulation) or ``none``."""
+    env_state_dim: int = 0
+    """P, the size of the env's ``observation.env_state`` (read only by the ``state`` critic; 0 = none)."""
     value_hidden: int = 256
     """Hidden width of the value head."""
     noise_hidden: int = 128
@@ -112,6 +115,12 @@ class _Prefix:
     state: Tensor | None
 
 
+def _state_dim(lr_cfg: Any) -> int:
+    """Size of the robot state the LeRobot model reads (0 if it reads none)."""
+    feature = lr_cfg.input_features.get(OBS_STATE)
+    return int(feature.shape[0]) if feature is not None else 0
+
+
 class LeRobotFlowPolicy(FlowPolicy):
     """Base adapter; subclasses bind one LeRobot model class (see module doc).
 
@@ -145,6 +154,7 @@ class LeRobotFlowPolicy(FlowPolicy):
             horizon=lr_cfg.chunk_size,
             value_hidden=config.value_hidden,
             noise_hidden=config.noise_hidden,
+            critic_state_dim=_state_dim(lr_cfg) + config.env_state_dim if config.env_state_dim else 0,
         )
         super().__init__(config.sampler, config.logp_level, config.value_placement, dims)
         self.config = config

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from policies.base import ActMode, ActOutput, LogProbLevel, Policy, reduce_logp
+from policies.io import OBS_ENV_STATE, OBS_STATE, ObservationError
 from policies.flow.sampler import (
     NoiseNet,
     SamplerConfig,
@@ -26,7 +27,7 @@ from policies.flow.sampler import (
     chain_log_prob,
     sample_chain,
 )
-from policies.flow.value import ValueHead, ValuePlacement, masked_mean
+from policies.flow.value import StateValueHead, ValueHead, ValuePlacement, masked_mean
 
 
 @dataclass
@@ -38,12 +39,15 @@ class FlowContext:
         batch_size: B.
         prefix_features: ``[B, N, D_prefix]`` prefix (image + language) features, or None.
         prefix_mask: ``[B, N]`` bool, valid prefix tokens (None: all valid).
+        critic_state: ``[B, D]`` ``[observation.state, observation.env_state]`` for the ``state`` critic
+            (filled in by :class:`FlowPolicy`, not by ``encode``).
     """
 
     velocity: VelocityFn
     batch_size: int
     prefix_features: Tensor | None = None
     prefix_mask: Tensor | None = None
+    critic_state: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class FlowHeadDims:
         horizon: H, the chunk length the model denoises.
         value_hidden: hidden width of the value head.
         noise_hidden: hidden width of the Flow-Noise net.
+        critic_state_dim: size of ``[observation.state, observation.env_state]`` (the ``state`` critic's input).
     """
 
     expert_dim: int
@@ -67,6 +72,7 @@ class FlowHeadDims:
     horizon: int
     value_hidden: int = 128
     noise_hidden: int = 128
+    critic_state_dim: int = 0
 
 
 class FlowPolicy(Policy):
@@ -94,8 +100,15 @@ class FlowPolicy(Policy):
         self.value_placement = ValuePlacement(value_placement)
         self.sampler = sampler
         self.noise_net: NoiseNet | None = None
-        self.value_head: ValueHead | None = None
-        if self.value_placement is not ValuePlacement.NONE:
+        self.value_head: ValueHead | StateValueHead | None = None
+        if self.value_placement is ValuePlacement.STATE:
+            if dims.critic_state_dim < 1:
+                raise ValueError(
+                    f"{type(self).__name__}: value_placement 'state' needs the size of observation.state + "
+                    "observation.env_state (critic_state_dim, set from an env that provides observation.env_state)"
+                )
+            self.value_head = StateValueHead(dims.critic_state_dim, dims.value_hidden)
+        elif self.value_placement is not ValuePlacement.NONE:
             feat = dims.expert_dim if self.value_placement is ValuePlacement.EXPERT else dims.prefix_dim
             self.value_head = ValueHead(feat, dims.value_hidden)
         mask = torch.zeros(dims.model_action_dim)
@@ -147,9 +160,35 @@ class FlowPolicy(Policy):
         shape = (batch, self.dims.horizon, self.dims.model_action_dim)
         return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
 
+    def _context(self, obs: dict[str, Any]) -> FlowContext:
+        ctx = self.encode(obs)
+        if self.value_placement is ValuePlacement.STATE:
+            ctx.critic_state = self._critic_state(obs)
+        return ctx
+
+    def _critic_state(self, obs: dict[str, Any]) -> Tensor:
+        """``[observation.state, observation.env_state]`` ``[B, D]`` for the privileged critic."""
+        missing = [k for k in (OBS_STATE, OBS_ENV_STATE) if k not in obs]
+        if missing:
+            raise ObservationError(
+                f"{type(self).__name__}: value_placement 'state' reads {missing} from the observation; this env "
+                "does not provide it (use value_placement 'expert' or 'prefix')"
+            )
+        x = torch.cat([obs[OBS_STATE].float(), obs[OBS_ENV_STATE].float()], dim=-1).to(self.device)
+        if x.ndim != 2 or x.shape[1] != self.dims.critic_state_dim:
+            raise ObservationError(
+                f"{type(self).__name__}: observation.state + observation.env_state should be "
+                f"[B, {self.dims.critic_state_dim}] for the state critic, got {list(x.shape)}"
+            )
+        return x
+
     def _value(self, ctx: FlowContext) -> Tensor | None:
         if self.value_head is None:
             return None
+        if self.value_placement is ValuePlacement.STATE:
+            if ctx.critic_state is None:
+                raise ValueError(f"{type(self).__name__}: value placement 'state' needs the critic state")
+            return self.value_head(ctx.critic_state)
         if self.value_placement is ValuePlacement.PREFIX:
             if ctx.prefix_features is None:
                 raise ValueError(f"{type(self).__name__}: value placement 'prefix' needs prefix features")
@@ -190,7 +229,7 @@ class FlowPolicy(Policy):
         mode = ActMode(mode)
         kind = SamplerKind.ODE if mode is ActMode.EVAL else self.sampler.kind
         with torch.no_grad():
-            ctx = self.encode(obs)
+            ctx = self._context(obs)
             if noise is None:
                 noise = self._noise(ctx.batch_size, generator)
             want = (ctx.batch_size, self.dims.horizon, self.dims.model_action_dim)
@@ -220,7 +259,7 @@ class FlowPolicy(Policy):
         Raises:
             KeyError: naming missing extras keys; ValueError for a mismatched chain.
         """
-        ctx = self.encode(obs)
+        ctx = self._context(obs)
         if self.sampler.kind is SamplerKind.ODE:
             zeros = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
             return self._reduce(zeros), self._reduce(zeros), self._value(ctx)
@@ -239,4 +278,6 @@ class FlowPolicy(Policy):
         """
         if self.value_head is None:
             raise NotImplementedError(f"{type(self).__name__} was built without a value head (value_placement=none)")
+        if self.value_placement is ValuePlacement.STATE:  # the images are not needed
+            return self.value_head(self._critic_state(obs))
         return self._value(self.encode(obs))

@@ -6,6 +6,14 @@ expert's output depends on the noisy input, so the expert placement reads it at
 a fixed input, ``x = 0`` (the noise mean) and ``t = 1``, which makes
 ``value(obs)`` a function of the observation alone and lets ``act``,
 ``evaluate`` and ``value`` agree exactly.
+
+In simulation the critic can also read what the actor cannot: the ``state``
+placement is an asymmetric actor-critic (Pinto et al., 2018). Its value head is
+an MLP on ``[observation.state, observation.env_state]``, the robot state and
+the simulator's privileged object state, which the sim layer's backends provide.
+The critic exists only during training, so a deployed policy never needs the
+privileged state; a value fed object positions is far easier to fit than one
+read off a few image features, and PPO's advantages are only as good as it.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ class ValuePlacement(str, enum.Enum):
     """Mean over action tokens of the action-expert output at ``x = 0, t = 1`` (pi0)."""
     PREFIX = "prefix"
     """Masked mean over the prefix (image + language) features (pi0.5)."""
+    STATE = "state"
+    """Privileged: an MLP on ``[observation.state, observation.env_state]`` (asymmetric actor-critic, sim only)."""
 
 
 class ValueHead(nn.Module):
@@ -46,6 +56,28 @@ class ValueHead(nn.Module):
         if pooled.ndim != 2:
             raise ValueError(f"value head expects pooled features [B, D], got {list(pooled.shape)}")
         return self.net(pooled.float()).squeeze(-1)
+
+
+class StateValueHead(nn.Module):
+    """The asymmetric critic ``[B, D] -> [B]``: a three-layer MLP on the robot + privileged env state.
+
+    Args:
+        input_dim: D, the size of ``observation.state`` plus ``observation.env_state``.
+        hidden_dim: width of the hidden layers.
+    """
+
+    def __init__(self, input_dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(input_dim, hidden_dim), nn.SiLU(), nn.Linear(hidden_dim, hidden_dim), nn.SiLU(),
+            nn.Linear(hidden_dim, 1),
+        )
+
+    def forward(self, state: Tensor) -> Tensor:
+        """``state [B, D] -> value [B]`` (float32)."""
+        if state.ndim != 2:
+            raise ValueError(f"state value head expects [B, D], got {list(state.shape)}")
+        return self.net(state.float()).squeeze(-1)
 
 
 def masked_mean(features: Tensor, mask: Tensor | None) -> Tensor:

@@ -238,3 +238,28 @@ def test_action_expert_with_cached_memory_matches_the_torch_decoder() -> None:
     # gradients reach the cross-attention projections through the cached keys/values
     v2.sum().backward()
     assert expert.decoder.layers[0].multihead_attn.in_proj_weight.grad.abs()[32:].sum() > 0
+
+
+def test_privileged_state_critic_reads_state_and_env_state_but_not_the_images() -> None:
+    """``value_placement='state'`` (asymmetric actor-critic): the value is a function of
+    ``[observation.state, observation.env_state]`` only, agrees between act / evaluate / value, and trains."""
+    policy = CompactFlowPolicy(tiny_config(sampler=SAMPLERS[1], value_placement=ValuePlacement.STATE, env_state_dim=6))
+    obs = make_obs()
+    obs["observation.env_state"] = torch.randn(3, 6, generator=torch.Generator().manual_seed(1))
+    out = policy.act(obs)
+    logp, _, value = policy.evaluate(obs, out.extras)
+    torch.testing.assert_close(value, out.value, rtol=0, atol=0)
+    torch.testing.assert_close(policy.value(obs), out.value, rtol=0, atol=0)
+    other_images = {**obs, **{k: v for k, v in make_obs(seed=9).items() if k.startswith("observation.images.")}}
+    torch.testing.assert_close(policy.value(other_images), out.value, rtol=0, atol=0)
+    moved = {**obs, "observation.env_state": obs["observation.env_state"] + 0.5}
+    assert float((policy.value(moved) - out.value).abs().min()) > 0
+    value.sum().backward()
+    assert all(float(p.grad.abs().sum()) > 0 for p in policy.value_head.parameters())
+    assert policy.prefix.text_proj.weight.grad is None  # the critic does not reach the actor
+    with pytest.raises(ObservationError, match="observation.env_state"):
+        policy.value({k: v for k, v in obs.items() if k != "observation.env_state"})
+    with pytest.raises(ObservationError, match=r"\[B, 11\]"):
+        policy.value({**obs, "observation.env_state": torch.zeros(3, 4)})
+    with pytest.raises(ValueError, match="env_state"):
+        CompactFlowPolicy(tiny_config(value_placement=ValuePlacement.STATE))

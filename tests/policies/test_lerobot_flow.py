@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,20 @@ def test_encoder_parameters_are_the_vlm_not_the_action_expert(policies: dict, ki
                or "paligemma" in names[i] for i in encoder)
     head = [n for n, p in policy.named_parameters() if id(p) not in encoder and p.requires_grad]
     assert any("expert" in n for n in head), head[:10]
+
+
+@pytest.mark.parametrize("kind", ["pi0", "smolvla"])
+def test_privileged_state_critic_on_a_lerobot_model(vlm_folder: Path, kind: str) -> None:
+    """``value_placement='state'``: the critic reads ``[observation.state (5), observation.env_state (7)]``."""
+    config = replace(POLICIES.make_config(kind), value_placement=ValuePlacement.STATE, env_state_dim=7,
+                     sampler=SAMPLERS["sde-full-chain"])
+    policy = build_tiny_lerobot_policy(kind, adapter_config=config, vlm_folder=vlm_folder)
+    obs = {**make_obs(), "observation.env_state": torch.randn(B, 7, generator=torch.Generator().manual_seed(2))}
+    out = policy.act(obs)
+    _, _, value = policy.evaluate(obs, out.extras)
+    torch.testing.assert_close(value, out.value, rtol=0, atol=0)
+    torch.testing.assert_close(policy.value(obs), out.value, rtol=0, atol=0)
+    moved = {**obs, "observation.env_state": obs["observation.env_state"] + 1.0}
+    assert float((policy.value(moved) - out.value).abs().min()) > 0
+    assert {n for n, _ in policy.value_head.named_parameters()} and all(
+        p is q for p, q in zip(policy.critic_parameters(), policy.value_head.parameters(), strict=True))

@@ -174,3 +174,15 @@ def test_freeze_encoder_needs_a_policy_that_names_its_encoder():
 
     with pytest.raises(ValueError, match="freeze_encoder"):
         PPOLearner(AlgoConfig(freeze_encoder=True), GaussianPolicy(state_dim=1, action_dim=1))
+
+
+def test_state_critic_is_sized_from_the_env_spec_and_reads_the_env_observation():
+    from vla_rl.trainer import build_policy
+
+    cfg = parse_config(TrainConfig, [*TINY, "--policy.value_placement", "state"])
+    with cfg.env.make() as env:
+        obs = env.reset(seed=3)
+        policy = build_policy(cfg, env.spec)
+        assert policy.dims.critic_state_dim == obs["observation.state"].shape[1] + obs["observation.env_state"].shape[1]
+        values = policy.value(obs)
+    assert values.shape == (cfg.env.num_envs,) and torch.isfinite(values).all()
