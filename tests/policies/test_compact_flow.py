@@ -263,3 +263,15 @@ def test_privileged_state_critic_reads_state_and_env_state_but_not_the_images() 
         policy.value({**obs, "observation.env_state": torch.zeros(3, 4)})
     with pytest.raises(ValueError, match="env_state"):
         CompactFlowPolicy(tiny_config(value_placement=ValuePlacement.STATE))
+
+
+def test_the_critic_choice_does_not_change_the_rest_of_the_initialization() -> None:
+    """Pre-training from the same seed gives the same actor whichever critic (or none) the policy carries."""
+    actors = []
+    for placement in (ValuePlacement.EXPERT, ValuePlacement.STATE, ValuePlacement.NONE):
+        torch.manual_seed(4)
+        policy = CompactFlowPolicy(tiny_config(value_placement=placement, env_state_dim=6))
+        actors.append({k: v for k, v in policy.state_dict().items() if not k.startswith("value_head.")})
+    for other in actors[1:]:
+        assert other.keys() == actors[0].keys()
+        assert all(torch.equal(other[k], actors[0][k]) for k in other)
