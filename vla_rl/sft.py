@@ -39,6 +39,9 @@ class SFTConfig:
     """Gradient-norm clip."""
     image_shift: int = 4
     """Random-shift augmentation: pad camera images by this many pixels (edge) and crop back at a random offset."""
+    ema: float = 0.0
+    """Decay of an exponential moving average of the weights, which become the pre-trained policy (as
+    Diffusion Policy evaluates its EMA weights); 0 keeps the last iterate."""
 
 
 @dataclass
@@ -129,6 +132,9 @@ def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, lo
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / max(1, cfg.steps))))
+    ema = torch.optim.swa_utils.AveragedModel(
+        policy, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema), use_buffers=False,
+    ) if cfg.ema else None
     policy.train()
     losses: list[float] = []
     bs = min(cfg.batch_size, len(data))
@@ -145,10 +151,16 @@ def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, lo
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             sched.step()
+            if ema is not None:
+                ema.update_parameters(policy)
             losses.append(float(loss.detach()))
             if step % 25 == 0:
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
                 if log is not None:
                     log(step, {"sft/loss": losses[-1], "sft/lr": sched.get_last_lr()[0]})
+    if ema is not None:
+        with torch.no_grad():
+            for p, avg in zip(params, [q for q in ema.module.parameters() if q.requires_grad], strict=True):
+                p.copy_(avg)
     k = max(1, len(losses) // 10)
     return {"sft/loss_first": sum(losses[:k]) / k, "sft/loss_last": sum(losses[-k:]) / k}

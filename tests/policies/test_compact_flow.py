@@ -275,3 +275,22 @@ def test_the_critic_choice_does_not_change_the_rest_of_the_initialization() -> N
     for other in actors[1:]:
         assert other.keys() == actors[0].keys()
         assert all(torch.equal(other[k], actors[0][k]) for k in other)
+
+
+def test_sft_ema_keeps_the_moving_average_of_the_iterates() -> None:
+    from vla_rl.sft import DemoChunks, SFTConfig, pretrain
+
+    obs = make_obs(b=8)
+    data = DemoChunks(obs=obs, actions=torch.randn(8, 4, 3, generator=torch.Generator().manual_seed(1)),
+                      mask=torch.ones(8, 4, dtype=torch.bool), episodes=1)
+
+    def trained(steps: int, ema: float) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        policy = CompactFlowPolicy(tiny_config())
+        pretrain(policy, data, SFTConfig(steps=steps, batch_size=4, ema=ema), seed=3)
+        return {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+    first, last, averaged = trained(1, 0.0), trained(2, 0.0), trained(2, 0.25)
+    for name, p in averaged.items():  # the first update copies iterate 1, the second mixes in iterate 2
+        torch.testing.assert_close(p, 0.25 * first[name] + 0.75 * last[name], rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(first[n], last[n]) for n in first)
