@@ -101,19 +101,16 @@ class FlowPolicy(Policy):
         self.sampler = sampler
         self.noise_net: NoiseNet | None = None
         self.value_head: ValueHead | StateValueHead | None = None
-        if self.value_placement is ValuePlacement.STATE and dims.critic_state_dim < 1:
-            raise ValueError(
-                f"{type(self).__name__}: value_placement 'state' needs the size of observation.state + "
-                "observation.env_state (critic_state_dim, set from an env that provides observation.env_state)"
-            )
-        # The critic is initialized from a fork of the global RNG, so the model a subclass builds next (and
-        # hence pre-training) is the same whichever critic is chosen.
-        with torch.random.fork_rng(devices=[]):
-            if self.value_placement is ValuePlacement.STATE:
-                self.value_head = StateValueHead(dims.critic_state_dim, dims.value_hidden)
-            elif self.value_placement is not ValuePlacement.NONE:
-                feat = dims.expert_dim if self.value_placement is ValuePlacement.EXPERT else dims.prefix_dim
-                self.value_head = ValueHead(feat, dims.value_hidden)
+        if self.value_placement is ValuePlacement.STATE:
+            if dims.critic_state_dim < 1:
+                raise ValueError(
+                    f"{type(self).__name__}: value_placement 'state' needs the size of observation.state + "
+                    "observation.env_state (critic_state_dim, set from an env that provides observation.env_state)"
+                )
+            self.value_head = StateValueHead(dims.critic_state_dim, dims.value_hidden)
+        elif self.value_placement is not ValuePlacement.NONE:
+            feat = dims.expert_dim if self.value_placement is ValuePlacement.EXPERT else dims.prefix_dim
+            self.value_head = ValueHead(feat, dims.value_hidden)
         mask = torch.zeros(dims.model_action_dim)
         mask[: dims.action_dim] = 1.0
         self.register_buffer("action_dim_mask", mask, persistent=False)
