@@ -68,8 +68,8 @@ class EvalConfig:
     """Eval envs; 0 = the same as env.num_envs."""
     seed: int | None = None
     """Base seed of the evaluation episodes (eval env ``i`` plays from seed ``seed + i``); None = the run's
-    ``seed * 1_000_000 + 900_000``, above every training seed of runs shorter than 900 iterations. It must
-    not be a training seed (checked)."""
+    ``1_000_000_000 + seed * 1_000_000``, far above the training seeds of any run shorter than a million
+    iterations. It must not be a training seed (checked)."""
     every: int = 5
     """Evaluate every this many iterations (and before the first and after the last); 0 = only before and after."""
     video: bool = True
@@ -82,8 +82,9 @@ SEED_BLOCK = 1_000_000
 """Run seed ``s`` trains from seeds in ``[s * SEED_BLOCK, (s + 1) * SEED_BLOCK)``."""
 TRAIN_SEED_STRIDE = 1000
 """Iteration ``k`` trains from seeds ``s * SEED_BLOCK + k * TRAIN_SEED_STRIDE + i`` (env or group ``i``)."""
-EVAL_SEED_OFFSET = 900_000
-"""The default evaluation seed is ``s * SEED_BLOCK + EVAL_SEED_OFFSET``."""
+EVAL_SEED_BASE = 1_000_000_000
+"""The default evaluation seed is ``EVAL_SEED_BASE + s * SEED_BLOCK``: whatever the run's length, its
+training seeds ``s * SEED_BLOCK + k * TRAIN_SEED_STRIDE + i`` stay far below it."""
 
 
 def training_seed_range(cfg: TrainConfig, iteration: int) -> tuple[int, int]:
@@ -162,7 +163,7 @@ class TrainConfig:
             )
 
         if self.eval.seed is None:
-            self.eval.seed = self.seed * SEED_BLOCK + EVAL_SEED_OFFSET
+            self.eval.seed = EVAL_SEED_BASE + self.seed * SEED_BLOCK
         clash = training_seed_overlap(self)
         if clash is not None:
             lo, hi = training_seed_range(self, clash)

@@ -46,9 +46,9 @@ def test_bad_configs_fail_at_parse_time_naming_the_field(args, field, capsys):
 
 
 def test_default_eval_seeds_are_held_out_of_training(capsys):
-    for seed in (0, 1, 2, 7):
-        cfg = parse_config(TrainConfig, ["--seed", str(seed), "--iterations", "899", "--env.num_envs", "64"])
-        train = {cfg.seed * SEED_BLOCK + k * TRAIN_SEED_STRIDE + i for k in range(cfg.iterations) for i in range(64)}
+    for seed, iterations in ((0, 899), (1, 5000), (2, 1000), (7, 20)):
+        cfg = parse_config(TrainConfig, ["--seed", str(seed), "--iterations", str(iterations), "--env.num_envs", "320"])
+        train = {cfg.seed * SEED_BLOCK + k * TRAIN_SEED_STRIDE + i for k in range(cfg.iterations) for i in range(320)}
         held_out = set(range(cfg.eval.seed, cfg.eval.seed + cfg.eval_envs))
         assert held_out and not held_out & train
     # an overlap anywhere in an iteration's seed range counts, not only at its first seed
