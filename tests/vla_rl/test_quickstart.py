@@ -54,7 +54,9 @@ def test_ctrl_c_during_rl_then_resume_finishes(tmp_path):
     import time
 
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", *TOY, "--iterations", "4",
+    # 30 toy iterations (~0.2 s each): the run is still in RL when the signal follows the first checkpoint,
+    # even on a loaded machine (with 4 it once finished before the signal arrived)
+    cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", *TOY, "--iterations", "30",
            "--demo_cache", str(tmp_path / "cache"), "--run_dir", str(run)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     target = run / "checkpoints" / "iter_000001" / "trainer.pt"
@@ -71,7 +73,7 @@ def test_ctrl_c_during_rl_then_resume_finishes(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "resuming" in p.stdout and "reusing pre-trained policy" in p.stdout
     report = json.loads((run / "report.json").read_text())
-    assert report["iterations"] == 4 and (run / "checkpoints" / "iter_000004").exists()
+    assert report["iterations"] == 30 and (run / "checkpoints" / "iter_000030").exists()
 
 
 def test_chunk_longer_than_an_episode_fails_before_any_work(tmp_path, capsys):
