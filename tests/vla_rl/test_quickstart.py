@@ -58,7 +58,9 @@ def test_ctrl_c_during_rl_then_resume_finishes(tmp_path):
     # even on a loaded machine (with 4 it once finished before the signal arrived)
     cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", *TOY, "--iterations", "30",
            "--demo_cache", str(tmp_path / "cache"), "--run_dir", str(run)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    # Ctrl-C's default action in the child, whatever signal dispositions the test process has inherited
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     target = run / "checkpoints" / "iter_000001" / "trainer.pt"
     deadline = time.time() + 600
     while not target.exists() and p.poll() is None and time.time() < deadline:
