@@ -57,17 +57,21 @@ def _ci(lo_hi: list[float]) -> str:
     return f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f}"
 
 
-def gain_of(r: dict) -> float:
-    """``success_after - success_before`` from the episode counts (0.59 - 0.39 is 0.2, not 0.19999...)."""
+def _episodes_gained(r: dict) -> int:
+    """Successes after minus before, from the episode counts (0.59 - 0.39 is 20 of 100, not 0.19999...)."""
     n = r["episodes_per_eval"]
-    return (round(r["success_after"] * n) - round(r["success_before"] * n)) / n
+    return round(r["success_after"] * n) - round(r["success_before"] * n)
+
+
+def gain_of(r: dict) -> float:
+    """``success_after - success_before``, exact for the episode counts."""
+    return _episodes_gained(r) / r["episodes_per_eval"]
 
 
 def meets_target(r: dict) -> bool:
     """The issue's per-seed target: gain >= MIN_GAIN over >= MIN_EPISODES episodes, within the time budget."""
     n = r["episodes_per_eval"]
-    gained = round(r["success_after"] * n) - round(r["success_before"] * n)
-    return gained >= round(MIN_GAIN * n) and n >= MIN_EPISODES and r["wall"] <= BUDGET_S
+    return _episodes_gained(r) >= round(MIN_GAIN * n) and n >= MIN_EPISODES and r["wall"] <= BUDGET_S
 
 
 def table(rows: list[dict]) -> str:

@@ -30,8 +30,7 @@ from vla_rl.evaluation import EvalResult, evaluate_episodes
 from vla_rl.rollout import RolloutEngine
 from vla_rl.run_logging import RunLogger
 from vla_rl.smoke import apply_smoke, build_smoke_policy
-from vla_rl.train_config import SEED_BLOCK, TRAIN_SEED_STRIDE, TrainConfig, policy_options, policy_type
-
+from vla_rl.train_config import TrainConfig, policy_options, policy_type, training_seed_range
 
 
 def seed_everything(seed: int) -> None:
@@ -178,7 +177,7 @@ class Trainer:
         bar = tqdm(range(start_iter, cfg.iterations), desc="train", unit="it", initial=start_iter, total=cfg.iterations)
         for it in bar:
             t0 = time.perf_counter()
-            base = cfg.seed * SEED_BLOCK + it * TRAIN_SEED_STRIDE
+            base, _ = training_seed_range(cfg, it)
             n_groups = max(1, env.num_envs // cfg.algo.group_size)
             seeds = [base + g for g in range(n_groups)]
             if cfg.reset_every_iteration and cfg.algo.name != "grpo":

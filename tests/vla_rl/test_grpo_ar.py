@@ -21,7 +21,7 @@ from vla_rl.algorithms.losses import ppo_policy_loss
 from vla_rl.cli import parse_config
 from vla_rl.rollout import Rollout, RolloutEngine
 from vla_rl.train_config import TrainConfig
-from vla_rl.train_config import SEED_BLOCK, TRAIN_SEED_STRIDE
+from vla_rl.train_config import training_seed_range
 from vla_rl.trainer import build_policy, seed_everything
 
 MARGIN = 0.02  # surrogate gain per iteration, in units of normalized advantage (max about clip_high = 0.2)
@@ -54,7 +54,7 @@ def _run(args: list[str], iterations: int) -> list[tuple[float, float, float]]:
         engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
         out = []
         for it in range(iterations):
-            base = cfg.seed * SEED_BLOCK + it * TRAIN_SEED_STRIDE
+            base, _ = training_seed_range(cfg, it)
             seeds = [base + g for g in range(max(1, env.num_envs // cfg.algo.group_size))]
             if cfg.algo.name != "grpo":
                 engine.reset(seed=base)
