@@ -7,10 +7,13 @@ wrong type stops with the key's path and exit code 2.
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -62,42 +65,86 @@ def parse_config(config_class: type, args: Sequence[str]) -> object:
         i = args.index("--config_path")
         config_path = args[i + 1] if i + 1 < len(args) else None
         del args[i : i + 2]
-    args = _with_choice_types(config_class, args, config_path)
-    try:
-        return draccus.parse(config_class, config_path=config_path, args=args)
-    except (draccus.utils.ParsingError, ValueError, TypeError) as exc:
-        # Validation in a __post_init__ reaches us wrapped; its own message names the field.
-        wrapped = not isinstance(exc, draccus.utils.DecodingError) and exc.__cause__ is not None
-        cause = exc.__cause__ if wrapped else exc
-        print(f"vla-rl: invalid config: {cause}", file=sys.stderr)
-        raise SystemExit(2) from None
+    import tempfile
+
+    import yaml
+
+    preset = yaml.safe_load(Path(config_path).read_text()) if config_path else None
+    layered = _merge(_factory_defaults(config_class, preset or {}, args), preset or {})
+    with tempfile.TemporaryDirectory(prefix="vla-rl-config-") as tmp:
+        merged = Path(tmp) / (Path(config_path).name if config_path else "defaults.yaml")
+        merged.write_text(yaml.safe_dump(layered, sort_keys=False))
+        try:
+            return draccus.parse(config_class, config_path=str(merged), args=args)
+        except (draccus.utils.ParsingError, ValueError, TypeError) as exc:
+            # Validation in a __post_init__ reaches us wrapped; its own message names the field.
+            wrapped = not isinstance(exc, draccus.utils.DecodingError) and exc.__cause__ is not None
+            cause = exc.__cause__ if wrapped else exc
+            print(f"vla-rl: invalid config{f' ({config_path})' if config_path else ''}: {cause}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
-def _with_choice_types(config_class: type, args: list[str], config_path: str | None) -> list[str]:
-    """Add ``--X.type`` for choice fields (``--policy.width 64`` alone means the preset's or the default type).
+def _factory_defaults(config_class: type, preset: dict[str, Any], args: Sequence[str]) -> dict[str, Any]:
+    """What ``config_class``'s default factories set, as a config-file dict (the bottom layer under a preset).
 
-    draccus only knows a choice's fields once its type is named on the command line.
+    draccus builds a nested section that a preset or the command line names from the section type's own
+    defaults, which would drop what the field's ``default_factory`` set: ``vla-rl quickstart
+    --env.num_workers 2`` would lose the quickstart's env id, 16 envs and wrist camera. A choice field
+    (``policy``) whose type the command line or the preset changes starts from that type's defaults.
     """
     import dataclasses
 
     import draccus
-    import yaml
 
-    preset = yaml.safe_load(Path(config_path).read_text()) if config_path else {}
-    hints = __import__("typing").get_type_hints(config_class)
+    hints = typing.get_type_hints(config_class)
+    base: dict[str, Any] = {}
     for f in dataclasses.fields(config_class):
+        if f.default_factory is dataclasses.MISSING:
+            continue
+        value = f.default_factory()
+        if not dataclasses.is_dataclass(value):
+            continue
         typ = hints.get(f.name)
-        if not (isinstance(typ, type) and issubclass(typ, draccus.ChoiceRegistry)):
-            continue
-        flag = f"--{f.name}.type"
-        if flag in args or not any(a.startswith(f"--{f.name}.") for a in args):
-            continue
-        section = (preset or {}).get(f.name) or {}
-        default = section.get("type") if isinstance(section, dict) else None
-        if default is None and f.default_factory is not dataclasses.MISSING:
-            default = typ.get_choice_name(type(f.default_factory()))
-        args = [flag, default or typ.default_choice_name(), *args]
-    return args
+        if isinstance(typ, type) and issubclass(typ, draccus.ChoiceRegistry):
+            section = preset.get(f.name)
+            chosen = _cli_value(args, f"--{f.name}.type") or (section.get("type") if isinstance(section, dict) else None)
+            if chosen and chosen != typ.get_choice_name(type(value)):
+                value = typ.get_choice_class(chosen)()
+            base[f.name] = {"type": typ.get_choice_name(type(value)), **_plain(draccus.encode(value))}
+        else:
+            base[f.name] = _plain(draccus.encode(value))
+    return base
+
+
+def _cli_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` given as ``flag value`` or ``flag=value`` (the last one wins), else None."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def _plain(x: Any) -> Any:
+    """``draccus.encode`` output with enums as their values and tuples as lists (plain YAML)."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    if isinstance(x, enum.Enum):
+        return _plain(x.value)
+    return x
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """``over`` on top of ``base``, section by section; a section that names another ``type`` replaces its base."""
+    if not isinstance(base, dict) or not isinstance(over, dict):
+        return over
+    if "type" in over and base.get("type") not in (None, over["type"]):
+        return over
+    return {**base, **{k: _merge(base[k], v) if k in base else v for k, v in over.items()}}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -140,3 +141,24 @@ def test_env_config_wrist_camera_reaches_the_backend():
 
     with pytest.raises(ConfigError, match="env.wrist_camera: maniskill/PickCube-v1"):
         EnvConfig(id="maniskill/PickCube-v1", wrist_camera=True).make()
+
+
+def test_an_override_keeps_the_sections_other_factory_defaults():
+    """``--env.num_workers 2`` changes one field: the quickstart's env id, 16 envs and wrist camera stay."""
+    from vla_rl.commands.quickstart import QuickstartConfig
+    from vla_rl.train_config import TrainConfig
+
+    default = QuickstartConfig()
+    cfg = parse_config(QuickstartConfig, ["--env.num_workers", "2", "--policy.value_placement", "state",
+                                          "--sft.steps", "50", "--algo.kl_coef", "0.5"])
+    assert cfg.env == dataclasses.replace(default.env, num_workers=2)
+    assert cfg.sft == dataclasses.replace(default.sft, steps=50)
+    assert cfg.algo == dataclasses.replace(default.algo, kl_coef=0.5)
+    assert (cfg.policy.chunk_size, cfg.policy.sampler) == (default.policy.chunk_size, default.policy.sampler)
+    assert cfg.policy.value_placement.value == "state"
+    assert parse_config(QuickstartConfig, []) == default
+    # choosing another policy type starts from that type's own defaults (pi0 samples with 10 steps)
+    cfg = parse_config(TrainConfig, ["--policy.type", "pi0", "--policy.sampler.kind", "flow_noise"])
+    assert (cfg.policy.sampler.num_steps, cfg.policy.sampler.kind.value) == (10, "flow_noise")
+    # fields derived after parsing still follow the command line
+    assert parse_config(TrainConfig, ["--seed", "3"]).eval.seed == parse_config(TrainConfig, []).eval.seed + 3 * 10**6
