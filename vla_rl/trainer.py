@@ -59,6 +59,7 @@ def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
     options = policy_options(cfg.policy)
     if cfg.policy.path:
         overrides = {"sampler": options["sampler"]} if "sampler" in options else {}
+        _note_sampler_change(cfg.policy.path, overrides.get("sampler"))
         return load_policy(cfg.policy.path, **overrides)
     name = policy_type(cfg.policy)
     tiny = build_smoke_policy(name, options, spec) if cfg.smoke else None
@@ -74,6 +75,19 @@ def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
         derived["cameras"] = tuple(chosen)
     options.update({k: v for k, v in derived.items() if k in names})
     return entry.obj(entry.config(**options))
+
+
+def _note_sampler_change(path: str, sampler: Any) -> None:
+    """Say so when this run samples ``policy.path`` with another sampler than the one saved with it."""
+    saved_file = Path(path) / "config.json"
+    if sampler is None or not saved_file.is_file():
+        return
+    saved = json.loads(saved_file.read_text()).get("sampler")
+    mine = json.loads(json.dumps(dataclasses.asdict(sampler), default=lambda v: getattr(v, "value", str(v))))
+    if isinstance(saved, dict) and saved != mine:
+        changed = ", ".join(f"{k}={saved.get(k)!r} -> {v!r}" for k, v in mine.items() if saved.get(k) != v)
+        print(f"note: policy.path {path}: sampling with this run's policy.sampler ({changed}); pass "
+              "--policy.sampler.* to keep the checkpoint's", flush=True)
 
 
 def check_episode_fits(cfg: TrainConfig, spec: EnvSpec, exec_steps: int) -> None:

@@ -186,3 +186,19 @@ def test_state_critic_is_sized_from_the_env_spec_and_reads_the_env_observation()
         assert policy.dims.critic_state_dim == obs["observation.state"].shape[1] + obs["observation.env_state"].shape[1]
         values = policy.value(obs)
     assert values.shape == (cfg.env.num_envs,) and torch.isfinite(values).all()
+
+
+def test_a_checkpoint_sampled_with_another_sampler_is_announced(tmp_path, capsys):
+    import dataclasses
+    import json
+
+    from policies.flow.sampler import SamplerConfig, SdeMode
+    from vla_rl.trainer import _note_sampler_change
+
+    saved = SamplerConfig(sde_mode=SdeMode.FULL_CHAIN)
+    (tmp_path / "config.json").write_text(json.dumps({"type": "compact-flow", "sampler": json.loads(json.dumps(
+        dataclasses.asdict(saved), default=lambda v: v.value))}))
+    _note_sampler_change(str(tmp_path), saved)
+    assert capsys.readouterr().out == ""
+    _note_sampler_change(str(tmp_path), SamplerConfig(sde_mode=SdeMode.ONE_STEP))
+    assert "sde_mode='full_chain' -> 'one_step'" in capsys.readouterr().out

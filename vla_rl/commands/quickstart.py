@@ -38,7 +38,9 @@ from vla_rl.trainer import Trainer, build_policy, seed_everything
 def _quickstart_env() -> EnvConfig:
     if torch.cuda.is_available():  # ManiSkill's GPU backend (picked automatically with CUDA), more envs
         return EnvConfig(id="maniskill/PickCube-v1", num_envs=64, obs_mode="rgb", image_size=64)
-    return EnvConfig(id="mujoco/pick-any", num_envs=16, obs_mode="rgb", num_workers=0, wrist_camera=True)
+    # Two worker processes step the envs about a third faster than this process alone, with the same episodes.
+    workers = 2 if (os.cpu_count() or 1) >= 2 else 0
+    return EnvConfig(id="mujoco/pick-any", num_envs=16, obs_mode="rgb", num_workers=workers, wrist_camera=True)
 
 
 def _quickstart_policy() -> PolicyConfig:
@@ -67,8 +69,9 @@ class QuickstartConfig:
     """Std of the noise injected into executed demo actions (labels stay clean; see ``collect_demos``)."""
     iterations: int = 200
     """PPO iterations."""
-    eval_episodes: int = 100
-    """Episodes per evaluation (before and after RL, same held-out seeds)."""
+    eval_episodes: int = 400
+    """Episodes per evaluation (before and after RL, same held-out seeds). 400 keep the gain's 95% interval
+    near ±0.06; with 100 a gain moves by about ±0.1 between sets of held-out episodes."""
     eval_every: int = 0
     """Extra evaluations every this many iterations (0 = only before and after)."""
     seed: int = 0
