@@ -86,6 +86,11 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], plots: Sequence[P
         lines.append(f"| after RL | {a:.3f} | {lo:.3f}-{hi:.3f} | {summary['episodes_per_eval']} |")
     if b is not None and a is not None:
         lines += ["", f"Gain: **{a - b:+.3f}** success rate."]
+    if summary.get("sft_steps") is not None:
+        sft = f"Pre-training: {summary['sft_steps']} steps on {summary.get('sft_episodes')} demos"
+        if summary.get("sft_check_success") is not None:
+            sft += f"; the last success check (its own episodes) read {summary['sft_check_success']:.2f}"
+        lines += ["", sft + "."]
     if summary.get("per_task_after"):
         lines += ["", "| task | before | after |", "|---|---|---|"]
         before_t = summary.get("per_task_before", {})

@@ -8,6 +8,7 @@ episode, padded with the last action and masked past the episode's end.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,22 @@ class SFTConfig:
     ema: float = 0.0
     """Decay of an exponential moving average of the weights, which become the pre-trained policy (as
     Diffusion Policy evaluates its EMA weights); 0 keeps the last iterate."""
+    stop_at_success: float = 0.0
+    """Stop early once a success check (``pretrain``'s ``success_check``: episodes on seeds of their own,
+    apart from evaluation and training) reaches this rate; 0 = train all ``steps``. For a deliberately
+    weak start: the policy succeeds sometimes but not reliably."""
+    check_every: int = 100
+    """Steps between success checks (with ``stop_at_success``)."""
+    check_from: int = 300
+    """First step of a success check."""
+    check_episodes: int = 64
+    """Episodes per success check."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.stop_at_success <= 1.0:
+            raise ValueError(f"sft.stop_at_success={self.stop_at_success} must lie in [0, 1]")
+        if self.check_every < 1 or self.check_episodes < 1 or self.check_from < 1:
+            raise ValueError("sft.check_every, sft.check_from and sft.check_episodes must be >= 1")
 
 
 @dataclass
@@ -118,14 +135,20 @@ def random_shift(images: Tensor, pad: int, generator: torch.Generator) -> Tensor
     return cropped.gather(3, cols).round().to(torch.uint8).permute(0, 2, 3, 1)
 
 
-def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, log: Any = None) -> dict[str, float]:
+def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, log: Any = None,
+             success_check: Callable[[], float] | None = None) -> dict[str, float]:
     """Imitation pre-training with ``policy.sft_loss``; normalization is fitted on ``data`` first.
 
     Args:
         log: optional callable ``log(step, scalars)``.
+        success_check: with ``cfg.stop_at_success``, called every ``cfg.check_every`` steps from
+            ``cfg.check_from`` on (policy in eval mode, RNG state restored afterwards, so training
+            continues as without the check); returns the policy's success rate. Training stops at the
+            first check that reaches ``cfg.stop_at_success``.
 
     Returns:
-        ``{"sft/loss_first": ..., "sft/loss_last": ...}`` (means over the first / last 10% of steps).
+        ``{"sft/loss_first": ..., "sft/loss_last": ..., "sft/steps": ...}`` (loss means over the first /
+        last 10% of steps; ``sft/steps`` run) plus ``sft/check_success`` of the last check when checks ran.
     """
     gen = torch.Generator().manual_seed(seed)
     policy.fit_normalization(data.obs[OBS_STATE], data.actions[data.mask])
@@ -137,6 +160,7 @@ def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, lo
     ) if cfg.ema else None
     policy.train()
     losses: list[float] = []
+    checked: float | None = None
     bs = min(cfg.batch_size, len(data))
     with tqdm(range(cfg.steps), desc="pre-train (SFT)", unit="step") as bar:
         for step in bar:
@@ -158,9 +182,31 @@ def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, lo
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
                 if log is not None:
                     log(step, {"sft/loss": losses[-1], "sft/lr": sched.get_last_lr()[0]})
+            done = step + 1
+            if (success_check is not None and cfg.stop_at_success and done < cfg.steps and done >= cfg.check_from
+                    and (done - cfg.check_from) % cfg.check_every == 0):
+                checked = _checked_success(policy, success_check)
+                bar.write(f"pre-train step {done}: success check {checked:.2f} (stop at {cfg.stop_at_success:g})")
+                if log is not None:
+                    log(step, {"sft/check_success": checked})
+                if checked >= cfg.stop_at_success:
+                    break
     if ema is not None:
         with torch.no_grad():
             for p, avg in zip(params, [q for q in ema.module.parameters() if q.requires_grad], strict=True):
                 p.copy_(avg)
     k = max(1, len(losses) // 10)
-    return {"sft/loss_first": sum(losses[:k]) / k, "sft/loss_last": sum(losses[-k:]) / k}
+    out = {"sft/loss_first": sum(losses[:k]) / k, "sft/loss_last": sum(losses[-k:]) / k, "sft/steps": len(losses)}
+    if checked is not None:
+        out["sft/check_success"] = checked
+    return out
+
+
+def _checked_success(policy: Policy, success_check: Callable[[], float]) -> float:
+    """``success_check()`` with the policy in eval mode and the RNG states restored afterwards."""
+    policy.eval()
+    try:
+        with torch.random.fork_rng(), torch.no_grad():
+            return float(success_check())
+    finally:
+        policy.train()

@@ -11,11 +11,13 @@ Ctrl-C during RL leaves the last checkpoint; ``--resume true`` finishes the run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,15 +25,17 @@ from typing import Any
 import draccus
 import torch
 
+from policies.base import ActMode
 from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode
 from vla_rl.algorithms.learners import AlgoConfig
 from vla_rl.commands import COMMANDS
 from vla_rl.commands.collect import collect_demos
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
+from vla_rl.evaluation import evaluate_episodes
 from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.sft import SFTConfig, load_demo_chunks, pretrain
-from vla_rl.train_config import POLICY_CHOICES, EvalConfig, PolicyConfig, TrainConfig
+from vla_rl.train_config import EVAL_SEED_BASE, POLICY_CHOICES, SEED_BLOCK, EvalConfig, PolicyConfig, TrainConfig
 from vla_rl.trainer import Trainer, build_policy, seed_everything
 
 
@@ -106,6 +110,31 @@ def _demo_seed(cfg: QuickstartConfig) -> int:
     return cfg.seed + 500_000
 
 
+def _check_seed(cfg: QuickstartConfig) -> int:
+    """Base seed of pre-training's success-check episodes: the second half of the evaluation seed block,
+    apart from the evaluation's own seeds, the training seeds and the demos (tested)."""
+    return EVAL_SEED_BASE + cfg.seed * SEED_BLOCK + SEED_BLOCK // 2
+
+
+def _success_check(cfg: QuickstartConfig, policy: Any, exec_steps: int,
+                   stack: contextlib.ExitStack) -> Callable[[], float] | None:
+    """``pretrain``'s success check: the policy's ODE success on ``sft.check_episodes`` episodes of its own
+    seeds (env built on the first check, closed by ``stack``); None when ``sft.stop_at_success`` is 0."""
+    if not cfg.sft.stop_at_success:
+        return None
+    envs: list[Any] = []
+
+    def check() -> float:
+        if not envs:
+            envs.append(stack.enter_context(cfg.env.make(seed=_check_seed(cfg))))
+        torch.manual_seed(_check_seed(cfg))  # the same noise at every check (the caller restores the RNG)
+        res = evaluate_episodes(envs[0], lambda o: policy.act(o, ActMode.EVAL).actions, cfg.sft.check_episodes,
+                                _check_seed(cfg), exec_steps, desc="success check", progress=False)
+        return res.success_rate
+
+    return check
+
+
 def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     """Run the pipeline (module doc); returns the ``report.json`` content."""
     t_start = time.perf_counter()
@@ -145,7 +174,9 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
         seed_everything(cfg.seed)
         policy = build_policy(train_cfg, spec)
         data = load_demo_chunks(demo_root, policy.chunk_size, cfg.sft.episodes)
-        sft_stats = pretrain(policy, data, cfg.sft, seed=cfg.seed)
+        with contextlib.ExitStack() as stack:
+            sft_stats = pretrain(policy, data, cfg.sft, seed=cfg.seed,
+                                 success_check=_success_check(cfg, policy, train_cfg.exec_steps, stack))
         tmp = run_dir / ".sft_policy.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         policy.save_pretrained(tmp)
@@ -177,7 +208,8 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
         "seed": cfg.seed, "success_before": before.success_rate, "success_after": after.success_rate,
         "success_before_ci": [before.ci_low, before.ci_high], "success_after_ci": [after.ci_low, after.ci_high],
         "episodes_per_eval": after.episodes, "per_task_before": before.per_task, "per_task_after": after.per_task,
-        "demos": cfg.demos, "sft_episodes": cfg.sft.episodes or cfg.demos, "iterations": cfg.iterations,
+        "demos": cfg.demos, "sft_episodes": cfg.sft.episodes or cfg.demos, **_sft_summary(sft_dir),
+        "iterations": cfg.iterations,
         "env_steps": result["env_steps"], "wall_seconds": time.perf_counter() - t_start, "stages": stages,
         "config": json.loads(json.dumps(draccus.encode(cfg), default=str)),
     }
@@ -197,6 +229,16 @@ def _train_config(cfg: QuickstartConfig, run_dir: Path, policy_path: str) -> Tra
         eval=EvalConfig(episodes=cfg.eval_episodes, every=cfg.eval_every,
                         video=True),
     )
+
+
+def _sft_summary(sft_dir: Path) -> dict[str, Any]:
+    """``sft_steps`` run (and ``sft_check_success``, the last success check's rate) from ``sft.json``."""
+    f = sft_dir / "sft.json"
+    stats = json.loads(f.read_text()) if f.exists() else {}
+    out = {"sft_steps": stats.get("sft/steps")}
+    if "sft/check_success" in stats:
+        out["sft_check_success"] = stats["sft/check_success"]
+    return out
 
 
 def _load_eval(path: Path) -> Any:
