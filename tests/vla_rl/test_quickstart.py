@@ -41,9 +41,16 @@ def test_quickstart_toy_pipeline(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "collecting 2 expert demos" in out and "report:" in out
 
-    # A second run reuses the cached demos.
-    vla_rl(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(tmp_path / "run2"), "--iterations", "1"])
-    assert "reusing cached demos" in capsys.readouterr().out
+    # A second run reuses the cached demos; its pre-training checks success at step 4 of 10.
+    second = vla_rl(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(tmp_path / "run2"),
+                     "--iterations", "1", "--sft.stop_at_success", "1e-9", "--sft.check_from", "4",
+                     "--sft.check_episodes", "2"])
+    out = capsys.readouterr().out
+    assert "reusing cached demos" in out
+    assert report["sft_steps"] == 10 and "sft_check_success" not in report
+    assert "success check" in out and "Pre-training: " in (tmp_path / "run2" / "report.md").read_text()
+    # (the stopping itself is unit-tested in tests/policies; a toy policy rarely succeeds)
+    assert second["sft_steps"] == (4 if second["sft_check_success"] > 0 else 10)
 
 
 def test_ctrl_c_during_rl_then_resume_finishes(tmp_path):
@@ -90,7 +97,7 @@ def test_chunk_longer_than_an_episode_fails_before_any_work(tmp_path, capsys):
 
 
 def test_quickstart_demo_training_and_eval_seeds_are_disjoint():
-    from vla_rl.commands.quickstart import QuickstartConfig, _demo_seed, _train_config
+    from vla_rl.commands.quickstart import QuickstartConfig, _check_seed, _demo_seed, _train_config
     from vla_rl.train_config import SEED_BLOCK, TRAIN_SEED_STRIDE
 
     for seed in (0, 1, 2):
@@ -102,6 +109,8 @@ def test_quickstart_demo_training_and_eval_seeds_are_disjoint():
         held_out = set(range(train.eval.seed, train.eval.seed + train.eval_envs))
         assert cfg.eval_episodes >= 100 and train.eval.episodes == cfg.eval_episodes
         assert not held_out & training and not held_out & demos and not demos & training
+        checks = set(range(_check_seed(cfg), _check_seed(cfg) + n))  # pre-training's success checks
+        assert not checks & (held_out | training | demos)
 
 
 def test_flow_sde_ppo_raises_success_on_the_real_tabletop(tmp_path):
