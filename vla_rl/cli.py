@@ -45,13 +45,42 @@ def _usage(commands: object) -> str:
     return "\n".join(lines)
 
 
-def parse_config(config_class: type, args: Sequence[str]) -> object:
+def _show_defaults(parser: Any, layered: dict[str, Any]) -> None:
+    """Set each option's help default (``--env.num_envs`` -> ``layered["env"]["num_envs"]``) where ``layered`` has one."""
+    missing = object()
+    for action in parser._actions:
+        value: Any = layered
+        for key in action.dest.split("."):
+            value = value.get(key, missing) if isinstance(value, dict) else missing
+        if value is not missing and not isinstance(value, dict):
+            action.default = value
+
+
+def _help_formatter() -> type:
+    """draccus's help formatter, with a literal ``%`` in a field's doc (``95% CI``) kept literal.
+
+    argparse %-formats every help string (for ``%(default)s``), so ``10%)`` would crash ``--help``.
+    """
+    import re
+
+    from draccus.help_formatter import SimpleHelpFormatter
+
+    class HelpFormatter(SimpleHelpFormatter):
+        def _get_help_string(self, action: Any) -> str | None:
+            text = super()._get_help_string(action)
+            return re.sub(r"%(?!\(\w+\)[sdrf])", "%%", text) if text else text
+
+    return HelpFormatter
+
+
+def parse_config(config_class: type, args: Sequence[str], prog: str | None = None) -> object:
     """Parse ``args`` (with optional ``--preset``) into ``config_class`` via draccus.
 
     Raises:
         SystemExit(2): with the offending key's path for unknown keys and bad values.
     """
     import draccus
+    import draccus.argparsing
 
     args = list(args)
     config_path = None
@@ -75,7 +104,11 @@ def parse_config(config_class: type, args: Sequence[str]) -> object:
         merged = Path(tmp) / (Path(config_path).name if config_path else "defaults.yaml")
         merged.write_text(yaml.safe_dump(layered, sort_keys=False))
         try:
-            return draccus.parse(config_class, config_path=str(merged), args=args)
+            parser = draccus.argparsing.ArgumentParser(config_class=config_class, config_path=str(merged), prog=prog,
+                                                       formatter_class=_help_formatter())
+            if "-h" in args or "--help" in args:  # show the values this command starts from, not the classes'
+                _show_defaults(parser.parser, layered)
+            return parser.parse_args(args)
         except (draccus.utils.ParsingError, ValueError, TypeError) as exc:
             # Validation in a __post_init__ reaches us wrapped; its own message names the field.
             wrapped = not isinstance(exc, draccus.utils.DecodingError) and exc.__cause__ is not None
@@ -169,7 +202,7 @@ def run(argv: Sequence[str] | None = None) -> object:
         raise SystemExit(2)
     entry = COMMANDS.get(name)
     # A command registered without a config parses its own arguments.
-    cfg = rest if entry.config is None else parse_config(entry.config, rest)
+    cfg = rest if entry.config is None else parse_config(entry.config, rest, prog=f"vla-rl {name}")
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

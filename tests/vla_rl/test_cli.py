@@ -162,3 +162,15 @@ def test_an_override_keeps_the_sections_other_factory_defaults():
     assert (cfg.policy.sampler.num_steps, cfg.policy.sampler.kind.value) == (10, "flow_noise")
     # fields derived after parsing still follow the command line
     assert parse_config(TrainConfig, ["--seed", "3"]).eval.seed == parse_config(TrainConfig, []).eval.seed + 3 * 10**6
+
+
+@pytest.mark.parametrize("command", ["quickstart", "train", "rollout", "collect"])
+def test_help_lists_the_fields_with_the_commands_own_defaults(command, capsys):
+    """``--help`` works (a field doc with a literal ``%`` used to crash it) and shows what the command starts from."""
+    with pytest.raises(SystemExit) as exc:
+        run([command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: vla-rl {command}") and "--env.num_envs" in out
+    if command == "quickstart":
+        assert "Envs stepped together. (default: 16)" in out and "10%)" in out
