@@ -127,3 +127,17 @@ def test_flow_sde_ppo_raises_success_on_the_real_tabletop(tmp_path):
                      "--logging.wandb", "false"])
     gain = report["success_after"] - report["success_before"]
     assert gain >= 0.15 and report["success_after"] > report["success_before_ci"][1], report
+
+
+def test_quickstart_on_maniskill(tmp_path):
+    """``--env.id maniskill/PickCube-v1`` runs the same pipeline (the GPU default's env, here on the CPU backend).
+
+    The demo noise follows the backend: ManiSkill's expert fails every episode at the tabletop's 0.3.
+    """
+    report = vla_rl(["quickstart", "--env.id", "maniskill/PickCube-v1", "--env.num_envs", "4", "--iterations", "2",
+                     "--eval_episodes", "4", "--demos", "4", "--sft.episodes", "4", "--sft.steps", "10",
+                     "--demo_cache", str(tmp_path / "demos"), "--run_dir", str(tmp_path / "run"),
+                     "--logging.wandb", "false"])
+    assert report["env_id"] == "maniskill/PickCube-v1" and report["episodes_per_eval"] == 4
+    assert report["config"]["env"]["num_workers"] == 2 and report["config"]["env"]["num_envs"] == 4
+    assert [p.name for p in (tmp_path / "demos").iterdir()] == ["maniskill-PickCube-v1-rgb0-n4-noise0.1-s0"]

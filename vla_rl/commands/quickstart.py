@@ -58,6 +58,11 @@ def _quickstart_algo() -> AlgoConfig:
                       target_kl=0.05, critic_warmup_iters=3)
 
 
+# Demo action noise per env backend: the MuJoCo tabletop's expert recovers from 0.3 (its action scale); ManiSkill's
+# PickCube expert (end-effector deltas in [-1, 1]) fails every episode at 0.3 and succeeds at 0.1.
+DEMO_NOISE = {"mujoco": 0.3, "default": 0.1}
+
+
 @dataclass
 class QuickstartConfig:
     """``vla-rl quickstart``: the whole pipeline on a CPU laptop (see module doc)."""
@@ -69,8 +74,9 @@ class QuickstartConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     demos: int = 50
     """Expert demos collected (cached); ``sft.episodes`` of them are used for pre-training."""
-    demo_noise: float = 0.3
-    """Std of the noise injected into executed demo actions (labels stay clean; see ``collect_demos``)."""
+    demo_noise: float = -1.0
+    """Std of the noise injected into executed demo actions (labels stay clean; see ``collect_demos``);
+    -1 = the env backend's (:data:`DEMO_NOISE`)."""
     iterations: int = 200
     """PPO iterations."""
     eval_episodes: int = 400
@@ -89,6 +95,12 @@ class QuickstartConfig:
     resume: bool = False
     """Finish an interrupted run in ``run_dir``."""
 
+    @property
+    def resolved_demo_noise(self) -> float:
+        if self.demo_noise >= 0:
+            return self.demo_noise
+        return DEMO_NOISE.get(self.env.id.partition("/")[0], DEMO_NOISE["default"])
+
     def __post_init__(self) -> None:
         if self.sft.episodes > self.demos:
             raise ValueError(f"sft.episodes={self.sft.episodes} exceeds demos={self.demos}")
@@ -100,7 +112,7 @@ def _demo_root(cfg: QuickstartConfig) -> Path:
     base = Path(cfg.demo_cache) if cfg.demo_cache else Path(os.environ.get("VLA_RL_HOME", "data")) / "demos"
     e = cfg.env
     cams = "-wrist" if e.wrist_camera else ""
-    name = f"{e.id.replace('/', '-')}-{e.obs_mode}{e.image_size}{cams}-n{cfg.demos}-noise{cfg.demo_noise:g}"
+    name = f"{e.id.replace('/', '-')}-{e.obs_mode}{e.image_size}{cams}-n{cfg.demos}-noise{cfg.resolved_demo_noise:g}"
     return base / f"{name}-s{cfg.seed}"
 
 
@@ -160,8 +172,8 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     if not (demo_root / "meta" / "info.json").exists():
         print(f"[1/4] collecting {cfg.demos} expert demos -> {demo_root}")
         with cfg.env.make(seed=_demo_seed(cfg)) as env:
-            collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos", action_noise=cfg.demo_noise,
-                          seed=cfg.seed)
+            collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos",
+                          action_noise=cfg.resolved_demo_noise, seed=cfg.seed)
     else:
         print(f"[1/4] reusing cached demos {demo_root}")
     stages["demos"] = time.perf_counter() - t
