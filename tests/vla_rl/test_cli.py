@@ -173,4 +173,4 @@ def test_help_lists_the_fields_with_the_commands_own_defaults(command, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"usage: vla-rl {command}") and "--env.num_envs" in out
     if command == "quickstart":
-        assert "Envs stepped together. (default: 16)" in out and "10%)" in out
+        assert "Envs stepped together. (default: 32)" in out and "10%)" in out
