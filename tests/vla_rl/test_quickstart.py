@@ -97,7 +97,7 @@ def test_chunk_longer_than_an_episode_fails_before_any_work(tmp_path, capsys):
 
 
 def test_quickstart_demo_training_and_eval_seeds_are_disjoint():
-    from vla_rl.commands.quickstart import QuickstartConfig, _check_seed, _demo_seed, _train_config
+    from vla_rl.commands.quickstart import QuickstartConfig, _check_seed, _demo_envs, _demo_seed, _train_config
     from vla_rl.train_config import SEED_BLOCK, TRAIN_SEED_STRIDE
 
     for seed in (0, 1, 2):
@@ -105,7 +105,7 @@ def test_quickstart_demo_training_and_eval_seeds_are_disjoint():
         train = _train_config(cfg, Path("/nonexistent-run"), policy_path="")
         n = cfg.env.num_envs
         training = {seed * SEED_BLOCK + k * TRAIN_SEED_STRIDE + i for k in range(cfg.iterations) for i in range(n)}
-        demos = set(range(_demo_seed(cfg), _demo_seed(cfg) + n))
+        demos = set(range(_demo_seed(cfg), _demo_seed(cfg) + _demo_envs(cfg)))
         held_out = set(range(train.eval.seed, train.eval.seed + train.eval_envs))
         assert cfg.eval_episodes >= 100 and train.eval.episodes == cfg.eval_episodes
         assert not held_out & training and not held_out & demos and not demos & training

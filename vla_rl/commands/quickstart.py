@@ -63,6 +63,9 @@ def _quickstart_algo() -> AlgoConfig:
 # Demo action noise per env backend: the MuJoCo tabletop's expert recovers from 0.3 (its action scale); ManiSkill's
 # PickCube expert (end-effector deltas in [-1, 1]) fails every episode at 0.3 and succeeds at 0.1.
 DEMO_NOISE = {"mujoco": 0.3, "default": 0.1}
+# Demos are collected on this many envs (fewer for fewer demos) whatever env.num_envs is: which episodes succeed
+# first, and so the demo set, depends on the env count, and the demo cache is keyed on the number of demos only.
+DEMO_ENVS = 16
 
 
 @dataclass
@@ -116,6 +119,11 @@ def _demo_root(cfg: QuickstartConfig) -> Path:
     cams = "-wrist" if e.wrist_camera else ""
     name = f"{e.id.replace('/', '-')}-{e.obs_mode}{e.image_size}{cams}-n{cfg.demos}-noise{cfg.resolved_demo_noise:g}"
     return base / f"{name}-s{cfg.seed}"
+
+
+def _demo_envs(cfg: QuickstartConfig) -> int:
+    """Envs that collect the demos: :data:`DEMO_ENVS`, or ``demos`` when fewer."""
+    return min(DEMO_ENVS, cfg.demos)
 
 
 def _demo_seed(cfg: QuickstartConfig) -> int:
@@ -173,7 +181,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     demo_root = _demo_root(cfg)
     if not (demo_root / "meta" / "info.json").exists():
         print(f"[1/4] collecting {cfg.demos} expert demos -> {demo_root}")
-        with cfg.env.make(seed=_demo_seed(cfg)) as env:
+        with cfg.env.make(num_envs=_demo_envs(cfg), seed=_demo_seed(cfg)) as env:
             collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos",
                           action_noise=cfg.resolved_demo_noise, seed=cfg.seed)
     else:
