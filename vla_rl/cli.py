@@ -122,7 +122,7 @@ def _factory_defaults(config_class: type, preset: dict[str, Any], args: Sequence
 
     draccus builds a nested section that a preset or the command line names from the section type's own
     defaults, which would drop what the field's ``default_factory`` set: ``vla-rl quickstart
-    --env.num_workers 2`` would lose the quickstart's env id, 16 envs and wrist camera. A choice field
+    --env.num_workers 2`` would lose the quickstart's env id, 32 envs and wrist camera. A choice field
     (``policy``) whose type the command line or the preset changes starts from that type's defaults.
     """
     import dataclasses
