@@ -77,9 +77,10 @@ class _Waiter:
     """
 
     def __init__(self, conn: Any, spin_s: float) -> None:
-        self.spin_s = spin_s
-        self._poll = select.poll()
-        self._poll.register(conn.fileno(), select.POLLIN)
+        self.spin_s = spin_s if hasattr(select, "poll") else 0.0  # no poll() on Windows: always sleep
+        if self.spin_s > 0:
+            self._poll = select.poll()
+            self._poll.register(conn.fileno(), select.POLLIN)
 
     def wait(self) -> None:
         """Return when data is ready or ``spin_s`` has passed (the caller's read then blocks as usual)."""
