@@ -661,7 +661,16 @@ def markdown(runs: list[str], rows: list[str]) -> str:
         "are synchronous, so with 2 workers each step or chunk also waits for the slower worker (raw workers never "
         "wait for each other). With N = 1 this is a visible fraction of a ~1-1.5 ms MuJoCo step (~4-5 ms per chunk "
         "of 4); with N = 8 (the quickstart's 16 envs on 2 workers) a worker's 8 envs share it. It is lost in the "
-        "~35 ms ManiSkill rgb and ~100 ms LIBERO steps.",
+        "~35 ms ManiSkill rgb and ~100 ms LIBERO steps. Waiting for a message: when the workers and this process fit "
+        "the usable CPUs (`spin_wait=auto`, the default: 1 worker on 2 cores), both sides busy-poll their pipes, "
+        "yielding the core at every turn, instead of sleeping on them, which saves a scheduler wake-up per message "
+        "(tens of microseconds in this VM); on 1 worker x 1 env mujoco-64, `step` mode went from 0.78-0.82x to "
+        "0.96x with it (session 6, same script). With 2 workers on 2 cores no core is spare and everyone sleeps: "
+        "forcing the spin there gave 0.69x instead of 0.75x in `step` mode. Inside this process (no workers), our "
+        "layer costs ~80 us per env-step in `step` mode and ~32 us in `chunk 4` mode (1 env, mujoco-64, timed "
+        "around the MuJoCo task's own calls), so per-step stepping of one ~1.4 ms MuJoCo env can reach ~0.95x at "
+        "best; with 2 workers of 1 env each, the synchronous step also waits for the slower worker and then for "
+        "this process, and on 2 cores that alone keeps `step` mode far below the raw workers, which never wait.",
     ]
     return "\n".join(lines) + "\n"
 

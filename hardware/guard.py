@@ -9,6 +9,7 @@ import numpy as np
 
 from hardware.adapter import RobotAdapter
 from hardware.safety import FilterResult, SafetyEnvelope
+from hardware.watchdog import EStop
 
 log = logging.getLogger(__name__)
 
@@ -21,10 +22,21 @@ class GuardedRobot:
         envelope: the safety envelope for this robot.
         dt: control period in seconds (spacing of chunk points).
         dry_run: filter and count commands but never hand them to the adapter.
+        estop: the e-stop latch. Once it has fired, :meth:`command` sends the hold
+            instead of the targets, and a command already being sent finishes before
+            the latch takes effect, so no command goes out after the e-stop but holds.
     """
 
-    def __init__(self, adapter: RobotAdapter, envelope: SafetyEnvelope, dt: float, dry_run: bool = False) -> None:
+    def __init__(
+        self,
+        adapter: RobotAdapter,
+        envelope: SafetyEnvelope,
+        dt: float,
+        dry_run: bool = False,
+        estop: EStop | None = None,
+    ) -> None:
         self._adapter = adapter
+        self._estop = estop
         self.envelope = envelope
         self.dt = dt
         self.dry_run = dry_run
@@ -41,9 +53,21 @@ class GuardedRobot:
         self.envelope.reset(position)
 
     def command(self, targets: np.ndarray, step: int, measured: np.ndarray | None = None) -> FilterResult:
-        """Filter ``targets [n, A]`` through the envelope (``measured [A]``: newest joint positions) and send what passes."""
-        result = self.envelope.filter(targets, step, measured)
-        self._send(result.targets, hold=result.held)
+        """Filter ``targets [n, A]`` through the envelope (``measured [A]``: newest joint positions) and send what passes.
+
+        With the e-stop latched, nothing is filtered and the hold is sent instead (``held`` is True).
+        """
+
+        def filter_and_send() -> FilterResult:
+            result = self.envelope.filter(targets, step, measured)
+            self._send(result.targets, hold=result.held)
+            return result
+
+        if self._estop is None:
+            return filter_and_send()
+        result = self._estop.unless_set(filter_and_send)
+        if result is None:  # latched since the caller last looked: the arm gets the hold, never these targets
+            return FilterResult(self.hold(), modified=True, held=True, stopped=self.envelope.stopped, violations=[])
         return result
 
     def hold(self) -> np.ndarray:

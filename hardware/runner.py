@@ -182,8 +182,8 @@ class DeployRunner:
         self.safety = safety or SafetyConfig()
         self.chunk = chunk or ChunkConfig()
         envelope = SafetyEnvelope.from_config(self.safety, robot.joint_names, self.dt, robot.default_limits())
-        self.guard = GuardedRobot(robot, envelope, self.dt, dry_run)
         self.estop = estop or EStop()
+        self.guard = GuardedRobot(robot, envelope, self.dt, dry_run, self.estop)
         self.events = events or OperatorEvents(self.estop, self.safety.estop_key, self.safety.clear_key)
         self.teleop, self.recorder, self.hooks = teleop, recorder, list(hooks)
         self.act_mode, self.device = ActMode(act_mode), device

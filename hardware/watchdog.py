@@ -6,23 +6,28 @@ import enum
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class EStop:
     """A latched emergency stop, safe to fire from any thread (key listener, ROS callback).
 
     Once fired it stays set until :meth:`clear`; firing again while set only
-    records the event.
+    records the event. Senders put their sends inside :meth:`unless_set`, which
+    makes "nothing sent after the e-stop" exact rather than a polling race.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._set = False
         self._reason = ""
-        self._fired_at: float | None = None
+        self._fired_at: float | None = None  # wall clock (time.time()), comparable with ROS message stamps
         self.events: list[tuple[float, str]] = []
 
     def fire(self, reason: str) -> None:
@@ -31,7 +36,7 @@ class EStop:
             now = time.monotonic()
             self.events.append((now, f"fire: {reason}"))
             if not self._set:
-                self._set, self._reason, self._fired_at = True, reason, now
+                self._set, self._reason, self._fired_at = True, reason, time.time()
                 log.error("E-STOP fired: %s", reason)
 
     def clear(self, reason: str = "cleared") -> None:
@@ -41,6 +46,22 @@ class EStop:
             if self._set:
                 log.warning("e-stop cleared: %s", reason)
             self._set, self._reason, self._fired_at = False, "", None
+
+    def unless_set(self, fn: Callable[[], T]) -> T | None:
+        """Run ``fn`` unless latched, and return its result (None, without running it, when latched).
+
+        ``fn`` runs under the latch's lock, so a :meth:`fire` from another thread waits until
+        ``fn`` returns: whatever ``fn`` sends went out before the moment the e-stop latched.
+        Keep ``fn`` short (one transport send).
+        """
+        with self._lock:
+            return None if self._set else fn()
+
+    @property
+    def fired_at(self) -> float | None:
+        """Wall-clock time (``time.time()``) at which the current latch fired; None when clear."""
+        with self._lock:
+            return self._fired_at
 
     @property
     def is_set(self) -> bool:

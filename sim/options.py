@@ -18,6 +18,10 @@ class SimOptions:
             every env in this process.
         control_mode: the backend's controller name; empty keeps the backend's
             default (end-effector delta pose).
+        spin_wait: with worker processes, busy-poll (yielding) for replies and
+            commands instead of sleeping at once: ``on``, ``off``, or ``auto`` =
+            when the workers and this process fit the usable CPUs (see
+            :class:`sim.vector_process.ProcessVecEnv`).
     """
 
     obs_mode: str = "rgb"
@@ -25,6 +29,7 @@ class SimOptions:
     max_episode_steps: int = 0
     num_workers: int = -1
     control_mode: str = ""
+    spin_wait: str = "auto"
 
     def __post_init__(self) -> None:
         if self.obs_mode not in ("rgb", "state"):
@@ -33,3 +38,10 @@ class SimOptions:
             raise ValueError(f"image_size must be >= 0, got {self.image_size}")
         if self.max_episode_steps < 0:
             raise ValueError(f"max_episode_steps must be >= 0, got {self.max_episode_steps}")
+        if self.spin_wait not in ("auto", "on", "off"):
+            raise ValueError(f"spin_wait must be 'auto', 'on' or 'off', got {self.spin_wait!r}")
+
+    @property
+    def spin(self) -> bool | None:
+        """``spin_wait`` as :class:`sim.vector_process.ProcessVecEnv` takes it (None = auto)."""
+        return None if self.spin_wait == "auto" else self.spin_wait == "on"

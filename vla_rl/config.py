@@ -41,6 +41,8 @@ class EnvConfig:
     """Controller name; empty = the backend's default (end-effector delta pose)."""
     wrist_camera: bool = False
     """Also emit ``observation.images.wrist`` (``mujoco/*``; LIBERO always does; others reject it)."""
+    spin_wait: str = "auto"
+    """With env workers, busy-poll for replies instead of sleeping: ``on``, ``off``, ``auto`` (when they fit the CPUs)."""
 
     def has_optional_wrist_camera(self) -> bool:
         """Whether the backend of ``id`` has a wrist camera that ``wrist_camera`` switches on."""

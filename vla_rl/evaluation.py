@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from policies.base import ActMode, Policy
 from sim.core import Obs, VecEnv
 from sim.video import VideoWriter
 
@@ -126,3 +127,33 @@ def evaluate_episodes(
         mean_length=sum(r[4] for r in records) / max(1, len(records)),
         per_task=per_task, video=str(path) if path else None,
     )
+
+
+def evaluate_policy(
+    env: VecEnv,
+    policy: Policy,
+    episodes: int,
+    seed: int,
+    exec_steps: int = 0,
+    video_path: str | Path | None = None,
+    video_envs: int = 4,
+    desc: str = "eval",
+    progress: bool = True,
+) -> EvalResult:
+    """:func:`evaluate_episodes` of ``policy``'s deterministic actions (:attr:`ActMode.EVAL`), on its own RNG stream.
+
+    The stream is seeded with ``seed``, like the env: the same policy always scores the same, two
+    policies evaluated with the same ``seed`` start from the same flow noise (common random
+    numbers), and the caller's RNG is left untouched. The policy's episode state is reset after.
+    """
+
+    def act(obs: Obs) -> torch.Tensor:
+        with torch.no_grad():
+            return policy.act(obs, ActMode.EVAL).actions
+
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        res = evaluate_episodes(env, act, episodes, seed, exec_steps, video_path, video_envs, desc, progress)
+    policy.reset()
+    return res

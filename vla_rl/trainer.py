@@ -19,14 +19,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from policies.base import ActMode, Policy
+from policies.base import Policy
 from policies.io import load_policy
 from policies.registry import POLICIES
 from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.learners import ALGORITHMS, Learner
 from vla_rl.config import ConfigError, default_runs_dir
-from vla_rl.evaluation import EvalResult, evaluate_episodes
+from vla_rl.evaluation import EvalResult, evaluate_policy
 from vla_rl.rollout import RolloutEngine
 from vla_rl.run_logging import RunLogger
 from vla_rl.smoke import apply_smoke, build_smoke_policy
@@ -83,7 +83,7 @@ def _note_sampler_change(path: str, sampler: Any) -> None:
     if sampler is None or not saved_file.is_file():
         return
     saved = json.loads(saved_file.read_text()).get("sampler")
-    mine = json.loads(json.dumps(dataclasses.asdict(sampler), default=lambda v: getattr(v, "value", str(v))))
+    mine = json.loads(json.dumps(draccus.encode(sampler)))  # encoded as checkpoints save their config
     if isinstance(saved, dict) and saved != mine:
         changed = ", ".join(f"{k}={saved.get(k)!r} -> {v!r}" for k, v in mine.items() if saved.get(k) != v)
         print(f"note: policy.path {path}: sampling with this run's policy.sampler ({changed}); pass "
@@ -124,19 +124,10 @@ class Trainer:
         policy.eval()
         video = self.run_dir / "videos" / f"eval_{tag}.mp4" if cfg.eval.video else None
 
-        def act(obs: dict) -> torch.Tensor:
-            with torch.no_grad():
-                return policy.act(obs, ActMode.EVAL).actions
-
-        # Its own RNG stream, seeded like the env: the same policy always scores the same, the noise a flow
-        # policy starts from is shared by the before and after evaluations (common random numbers), and the
-        # training stream is left untouched.
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(cfg.eval.seed)
-            res = evaluate_episodes(env, act, cfg.eval.episodes, cfg.eval.seed, cfg.exec_steps, video,
-                                    cfg.eval.video_envs, desc=f"eval {tag}")
-        policy.reset()
+        # Seeded like the env (evaluate_policy): the same policy always scores the same, the before and after
+        # evaluations share their flow noise, and the training RNG stream is left untouched.
+        res = evaluate_policy(env, policy, cfg.eval.episodes, cfg.eval.seed, cfg.exec_steps, video,
+                              cfg.eval.video_envs, desc=f"eval {tag}")
         if res.video:
             logger.log_video(iteration, "eval/video", res.video, env.spec.control_freq)
         return res

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from hardware.guard import GuardedRobot
 from hardware.kinematics import Workspace, WorkspaceConfig
 from hardware.safety import OnViolation, SafetyConfig, SafetyEnvelope
 from hardware.watchdog import EStop, Watchdog, WatchState
@@ -221,3 +224,52 @@ def test_estop_latches_until_cleared():
     assert e.is_set and e.reason == "key 'e'"
     e.clear()
     assert not e.is_set and len(e.events) == 3
+
+
+class _SlowAdapter:
+    """Records what it is sent; each send can be held open to race an e-stop against it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, np.ndarray]] = []
+        self.sending, self.release = threading.Event(), threading.Event()
+        self.release.set()
+
+    def send_chunk(self, targets: np.ndarray, dt: float) -> None:
+        self.sending.set()
+        self.release.wait(5)
+        self.sent.append((time.time(), targets.copy()))
+
+
+def test_guard_sends_only_holds_once_the_estop_latched():
+    estop, adapter = EStop(), _SlowAdapter()
+    env = envelope()
+    guard = GuardedRobot(adapter, env, 0.05, estop=estop)
+    guard.start(np.zeros(3))
+    step = np.full((2, 3), 0.01)
+    assert not guard.command(step, 0).held
+    estop.fire("test")
+    result = guard.command(step + 0.01, 1)  # the runner looked before the latch; the guard looks again
+    assert result.held and len(adapter.sent) == 2
+    np.testing.assert_array_equal(adapter.sent[-1][1], adapter.sent[0][1][:1])  # the hold: the last target sent
+    np.testing.assert_array_equal(env.reference, adapter.sent[0][1][0])  # the refused targets never reached it
+    estop.clear()
+    assert not guard.command(step + 0.01, 2).held and len(adapter.sent) == 3
+
+
+def test_estop_fired_during_a_send_latches_after_it():
+    estop, adapter = EStop(), _SlowAdapter()
+    guard = GuardedRobot(adapter, envelope(), 0.05, estop=estop)
+    guard.start(np.zeros(3))
+    adapter.release.clear()
+    sender = threading.Thread(target=guard.command, args=(np.full((1, 3), 0.01), 0))
+    sender.start()
+    assert adapter.sending.wait(5)
+    firing = threading.Thread(target=estop.fire, args=("key 'e'",))
+    firing.start()
+    firing.join(0.1)
+    assert firing.is_alive() and not adapter.sent  # fire() waits for the command on the wire
+    adapter.release.set()
+    sender.join(5)
+    firing.join(5)
+    assert estop.is_set and len(adapter.sent) == 1
+    assert estop.fired_at is not None and estop.fired_at >= adapter.sent[0][0]

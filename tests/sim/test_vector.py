@@ -81,14 +81,17 @@ def test_per_env_seed_list_starts_envs_from_one_state(kind):
             env.reset(seed=[1, 2])
 
 
-def test_process_and_serial_steps_agree_over_many_episodes():
-    """Shared-memory step results (scalars, terms, instructions, final obs, episode stats) equal the serial ones."""
+@pytest.mark.parametrize("spin", [True, False])
+def test_process_and_serial_steps_agree_over_many_episodes(spin):
+    """Shared-memory step results (scalars, terms, instructions, final obs, episode stats) equal the serial ones,
+    whether the pipes are busy-polled or slept on."""
     torch.manual_seed(0)
     actions = [torch.rand(4, 1) * 0.9 for _ in range(40)]
     results = []
     for kind in ("serial", "process"):
         factories = [functools.partial(CounterEnv, episode_steps=3 + i) for i in range(4)]
-        env = SerialVecEnv(factories, "toy/counter") if kind == "serial" else ProcessVecEnv(factories, "toy/counter", 3)
+        env = (SerialVecEnv(factories, "toy/counter") if kind == "serial"
+               else ProcessVecEnv(factories, "toy/counter", 3, spin=spin))
         with env:
             steps = [env.reset(seed=7)]
             for a in actions:
@@ -137,3 +140,22 @@ def test_workers_reporting_different_reward_terms_get_the_union():
         assert terms["pos"][:2].tolist() == [0.0, 0.0] and terms["pos"][2:].gt(0.4).all()
         steps = [env.step(torch.full((4, 1), 0.1))[4]["reward_terms"]["pos"] for _ in range(2)]
         assert steps[1][2:].gt(steps[0][2:]).all()
+
+
+def test_spin_wait_is_on_only_when_the_workers_fit_the_cpus(monkeypatch):
+    import sim.vector_process as vp
+
+    monkeypatch.setattr(vp, "_usable_cpus", lambda: 2)
+    factories = [functools.partial(CounterEnv) for _ in range(2)]
+    with ProcessVecEnv(factories, "toy/counter", num_workers=1) as one, \
+            ProcessVecEnv(factories, "toy/counter", num_workers=2) as two:
+        assert one.spin and not two.spin  # 1 worker + this process fit 2 cores; 2 workers + this process do not
+        one.reset(seed=0)
+        assert one.step(torch.zeros(2, 1))[0][OBS_STATE].shape[0] == 2
+
+
+def test_bad_spin_wait_names_the_option():
+    from sim import make_env
+
+    with pytest.raises(Exception, match="spin_wait must be 'auto', 'on' or 'off', got 'sometimes'"):
+        make_env("mujoco/pick-red", num_envs=1, num_workers=0, spin_wait="sometimes")

@@ -25,13 +25,12 @@ from typing import Any
 import draccus
 import torch
 
-from policies.base import ActMode
 from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode
 from vla_rl.algorithms.learners import AlgoConfig
 from vla_rl.commands import COMMANDS
 from vla_rl.commands.collect import collect_demos
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
-from vla_rl.evaluation import evaluate_episodes
+from vla_rl.evaluation import evaluate_policy
 from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.sft import SFTConfig, load_demo_chunks, pretrain
@@ -149,9 +148,8 @@ def _success_check(cfg: QuickstartConfig, policy: Any, exec_steps: int,
     def check() -> float:
         if not envs:
             envs.append(stack.enter_context(cfg.env.make(seed=_check_seed(cfg))))
-        torch.manual_seed(_check_seed(cfg))  # the same noise at every check (the caller restores the RNG)
-        res = evaluate_episodes(envs[0], lambda o: policy.act(o, ActMode.EVAL).actions, cfg.sft.check_episodes,
-                                _check_seed(cfg), exec_steps, desc="success check", progress=False)
+        res = evaluate_policy(envs[0], policy, cfg.sft.check_episodes, _check_seed(cfg), exec_steps,
+                              desc="success check", progress=False)  # the same noise at every check
         return res.success_rate
 
     return check
