@@ -75,6 +75,29 @@ def test_rollout_expert_with_video(tmp_path):
     assert summary["episodes"] == 2 and summary["env_id"] == "mujoco/pick-red"
 
 
+def test_rollout_of_a_checkpoint_scores_the_same_whatever_the_global_rng(tmp_path):
+    """A flow policy's evaluation actions start from noise: the rollout draws it from a stream seeded like the env."""
+    import torch
+
+    from sim import make_env
+    from vla_rl.config import EnvConfig
+    from vla_rl.train_config import TrainConfig
+    from vla_rl.trainer import build_policy
+
+    torch.manual_seed(0)
+    with make_env("mujoco/pick-red", num_envs=1) as env:
+        build_policy(TrainConfig(env=EnvConfig(id="mujoco/pick-red")), env.spec).save_pretrained(tmp_path / "policy")
+    summaries = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        out = tmp_path / f"rollout{global_seed}"
+        run(["rollout", "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--env.max_episode_steps", "12",
+             "--policy", str(tmp_path / "policy"), "--episodes", "4", "--output_dir", str(out)])
+        summaries.append(json.loads((out / "rollout.json").read_text()))
+    assert summaries[0]["episodes"] == 4
+    assert summaries[0]["mean_return"] == summaries[1]["mean_return"]
+
+
 def test_collect_writes_a_lerobot_dataset(tmp_path):
     root = tmp_path / "demos"
     stats = run([

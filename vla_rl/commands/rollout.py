@@ -12,39 +12,40 @@ import torch
 from sim import Obs, VecEnv, list_envs
 from vla_rl.commands import COMMANDS
 from vla_rl.config import RolloutConfig, default_runs_dir
-from vla_rl.evaluation import EvalResult, evaluate_episodes
+from vla_rl.evaluation import EvalResult, evaluate_episodes, evaluate_policy
 
 ActionFn = Callable[[Obs], torch.Tensor]  # obs -> actions [B, H, A]
 
 
 def action_source(name: str, env: VecEnv, seed: int) -> ActionFn:
-    """``random`` (uniform in the action box), ``expert`` or a policy checkpoint folder."""
+    """``random`` (uniform in the action box) or ``expert`` actions.
+
+    Raises:
+        ValueError: for any other name (a checkpoint folder is evaluated by :func:`rollout` itself).
+    """
     if name == "random":
         gen = torch.Generator().manual_seed(seed)
         shape = (env.num_envs, 1, env.spec.action_dim)
         return lambda obs: torch.rand(shape, generator=gen) * 2 - 1
     if name == "expert":
         return lambda obs: env.expert_actions()[:, None, :]
-    from policies import ActMode
-    from policies.io import load_policy
-
-    policy = load_policy(name)
-    policy.eval()
-
-    def act(obs: Obs) -> torch.Tensor:
-        with torch.no_grad():
-            return policy.act(obs, ActMode.EVAL).actions
-
-    return act
+    raise ValueError(f"policy: expected 'random', 'expert' or a checkpoint folder, got {name!r}")
 
 
 @COMMANDS.register("rollout", config=RolloutConfig, help="run a policy (random, expert or checkpoint) in an env")
 def rollout(cfg: RolloutConfig) -> EvalResult:
     out = Path(cfg.output_dir) if cfg.output_dir else default_runs_dir() / f"rollout-{cfg.env.id.replace('/', '-')}"
     with cfg.env.make() as env:
-        act = action_source(cfg.policy, env, cfg.env.seed)
         video = out / "rollout.mp4" if cfg.video else None
-        stats = evaluate_episodes(env, act, cfg.episodes, cfg.env.seed, video_path=video, desc="rollout")
+        if cfg.policy in ("random", "expert"):
+            act = action_source(cfg.policy, env, cfg.env.seed)
+            stats = evaluate_episodes(env, act, cfg.episodes, cfg.env.seed, video_path=video, desc="rollout")
+        else:  # a checkpoint: its deterministic actions on a noise stream seeded like the env (same score each run)
+            from policies.io import load_policy
+
+            policy = load_policy(cfg.policy)
+            policy.eval()
+            stats = evaluate_policy(env, policy, cfg.episodes, cfg.env.seed, video_path=video, desc="rollout")
     out.mkdir(parents=True, exist_ok=True)
     summary = {**asdict(stats), "env_id": cfg.env.id, "policy": cfg.policy}
     (out / "rollout.json").write_text(json.dumps(summary, indent=2))
