@@ -75,8 +75,9 @@ def test_rollout_expert_with_video(tmp_path):
     assert summary["episodes"] == 2 and summary["env_id"] == "mujoco/pick-red"
 
 
-def test_rollout_of_a_checkpoint_scores_the_same_whatever_the_global_rng(tmp_path):
-    """A flow policy's evaluation actions start from noise: the rollout draws it from a stream seeded like the env."""
+def test_rollout_of_a_checkpoint_scores_the_same_whatever_the_global_rng(tmp_path, capsys):
+    """A flow policy's evaluation actions start from noise: the rollout draws it from a stream seeded like the env.
+    The checkpoint reads a wrist camera (as the quickstart's does): the rollout turns the env's on."""
     import torch
 
     from sim import make_env
@@ -85,8 +86,9 @@ def test_rollout_of_a_checkpoint_scores_the_same_whatever_the_global_rng(tmp_pat
     from vla_rl.trainer import build_policy
 
     torch.manual_seed(0)
-    with make_env("mujoco/pick-red", num_envs=1) as env:
-        build_policy(TrainConfig(env=EnvConfig(id="mujoco/pick-red")), env.spec).save_pretrained(tmp_path / "policy")
+    env_cfg = EnvConfig(id="mujoco/pick-red", wrist_camera=True)
+    with make_env("mujoco/pick-red", num_envs=1, wrist_camera=True) as env:
+        build_policy(TrainConfig(env=env_cfg), env.spec).save_pretrained(tmp_path / "policy")
     summaries = []
     for global_seed in (1, 2):
         torch.manual_seed(global_seed)
@@ -95,6 +97,7 @@ def test_rollout_of_a_checkpoint_scores_the_same_whatever_the_global_rng(tmp_pat
              "--policy", str(tmp_path / "policy"), "--episodes", "4", "--output_dir", str(out)])
         summaries.append(json.loads((out / "rollout.json").read_text()))
     assert summaries[0]["episodes"] == 4
+    assert "reads a wrist camera; turning on env.wrist_camera" in capsys.readouterr().out
     assert summaries[0]["mean_return"] == summaries[1]["mean_return"]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,16 +35,22 @@ def action_source(name: str, env: VecEnv, seed: int) -> ActionFn:
 @COMMANDS.register("rollout", config=RolloutConfig, help="run a policy (random, expert or checkpoint) in an env")
 def rollout(cfg: RolloutConfig) -> EvalResult:
     out = Path(cfg.output_dir) if cfg.output_dir else default_runs_dir() / f"rollout-{cfg.env.id.replace('/', '-')}"
+    policy = None
+    if cfg.policy not in ("random", "expert"):  # a checkpoint folder
+        from policies.io import load_policy
+
+        policy = load_policy(cfg.policy)
+        policy.eval()
+        cameras = getattr(getattr(policy, "config", None), "cameras", ()) or ()
+        if "wrist" in cameras and not cfg.env.wrist_camera and cfg.env.has_optional_wrist_camera():
+            print(f"note: {cfg.policy} reads a wrist camera; turning on env.wrist_camera for {cfg.env.id}")
+            cfg = replace(cfg, env=replace(cfg.env, wrist_camera=True))
     with cfg.env.make() as env:
         video = out / "rollout.mp4" if cfg.video else None
-        if cfg.policy in ("random", "expert"):
+        if policy is None:
             act = action_source(cfg.policy, env, cfg.env.seed)
             stats = evaluate_episodes(env, act, cfg.episodes, cfg.env.seed, video_path=video, desc="rollout")
-        else:  # a checkpoint: its deterministic actions on a noise stream seeded like the env (same score each run)
-            from policies.io import load_policy
-
-            policy = load_policy(cfg.policy)
-            policy.eval()
+        else:  # its deterministic actions on a noise stream seeded like the env: the same score on every run
             stats = evaluate_policy(env, policy, cfg.episodes, cfg.env.seed, video_path=video, desc="rollout")
     out.mkdir(parents=True, exist_ok=True)
     summary = {**asdict(stats), "env_id": cfg.env.id, "policy": cfg.policy}
