@@ -49,6 +49,24 @@ def image_key(camera: str) -> str:
     return OBS_IMAGE_PREFIX + camera
 
 
+def checkpoint_cameras(path: str | Path) -> tuple[str, ...] | None:
+    """The cameras the policy in checkpoint folder ``path`` reads, from its ``config.json`` (no weights loaded).
+
+    Ours save ``"cameras"``; LeRobot's list ``observation.images.<camera>`` in ``"input_features"``.
+    None when the folder has no readable config or it names no cameras.
+    """
+    try:
+        data = json.loads((Path(path) / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(data.get("cameras"), list):
+        return tuple(str(c) for c in data["cameras"])
+    features = data.get("input_features")
+    if isinstance(features, dict):
+        return tuple(k.removeprefix(OBS_IMAGE_PREFIX) for k in features if k.startswith(OBS_IMAGE_PREFIX)) or None
+    return None
+
+
 def check_observation(
     obs: dict[str, Any],
     cameras: Sequence[str],

@@ -9,7 +9,8 @@ can be overridden on the command line (``--env.num_envs 4``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from sim import VecEnv, make_env
@@ -42,7 +43,7 @@ class EnvConfig:
     wrist_camera: bool = False
     """Also emit ``observation.images.wrist`` (``mujoco/*``; LIBERO always does; others reject it)."""
     spin_wait: str = "auto"
-    """With env workers, busy-poll for replies instead of sleeping: ``on``, ``off``, ``auto`` (when they fit the CPUs)."""
+    """With env workers, busy-poll for replies instead of sleeping: ``on``, ``off``, ``auto`` (if they fit the CPUs)."""
 
     def has_optional_wrist_camera(self) -> bool:
         """Whether the backend of ``id`` has a wrist camera that ``wrist_camera`` switches on."""
@@ -53,6 +54,14 @@ class EnvConfig:
         if entry is None or entry.config is None:
             return False
         return "wrist_camera" in {f.name for f in fields(entry.config)}
+
+    def with_policy_cameras(self, cameras: Sequence[str] | None, policy: str) -> EnvConfig:
+        """This config with the optional wrist camera turned on (and a note printed) when the policy ``policy``
+        reads a ``wrist`` camera this env would otherwise not render; else unchanged."""
+        if cameras and "wrist" in cameras and not self.wrist_camera and self.has_optional_wrist_camera():
+            print(f"note: {policy} reads a wrist camera; turning on env.wrist_camera for {self.id}")
+            return replace(self, wrist_camera=True)
+        return self
 
     def make(self, num_envs: int | None = None, seed: int | None = None) -> VecEnv:
         """Build the env (``num_envs`` / ``seed`` override the config's)."""

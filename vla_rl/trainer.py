@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from policies.base import Policy
-from policies.io import load_policy
+from policies.io import checkpoint_cameras, load_policy
 from policies.registry import POLICIES
 from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
 from vla_rl import checkpoint as ckpt
@@ -111,6 +111,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         cfg = apply_smoke(cfg)
+        if cfg.policy.path:  # e.g. the quickstart's policy, which reads a wrist camera
+            env = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path)
+            cfg = dataclasses.replace(cfg, env=env)
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"

@@ -101,6 +101,26 @@ def test_rollout_of_a_checkpoint_scores_the_same_whatever_the_global_rng(tmp_pat
     assert summaries[0]["mean_return"] == summaries[1]["mean_return"]
 
 
+def test_checkpoint_cameras_and_train_from_a_wrist_camera_checkpoint(tmp_path):
+    from policies.io import checkpoint_cameras
+    from vla_rl.config import EnvConfig
+    from vla_rl.train_config import TrainConfig
+    from vla_rl.trainer import Trainer
+
+    ours, lerobot = tmp_path / "ours", tmp_path / "lerobot"
+    ours.mkdir(), lerobot.mkdir()
+    (ours / "config.json").write_text(json.dumps({"type": "compact-flow", "cameras": ["front", "wrist"]}))
+    (lerobot / "config.json").write_text(json.dumps({"type": "pi0", "input_features": {
+        "observation.state": {}, "observation.images.base": {}, "observation.images.wrist": {}}}))
+    assert checkpoint_cameras(ours) == ("front", "wrist")
+    assert checkpoint_cameras(lerobot) == ("base", "wrist")
+    assert checkpoint_cameras(tmp_path / "missing") is None
+    cfg = TrainConfig(env=EnvConfig(id="mujoco/pick-any"))
+    cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, path=str(ours)))
+    assert Trainer(cfg).cfg.env.wrist_camera  # else the first step fails on a missing wrist image
+    assert not Trainer(dataclasses.replace(cfg, env=EnvConfig(id="maniskill/PickCube-v1"))).cfg.env.wrist_camera  # none
+
+
 def test_collect_writes_a_lerobot_dataset(tmp_path):
     root = tmp_path / "demos"
     stats = run([

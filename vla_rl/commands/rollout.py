@@ -37,14 +37,11 @@ def rollout(cfg: RolloutConfig) -> EvalResult:
     out = Path(cfg.output_dir) if cfg.output_dir else default_runs_dir() / f"rollout-{cfg.env.id.replace('/', '-')}"
     policy = None
     if cfg.policy not in ("random", "expert"):  # a checkpoint folder
-        from policies.io import load_policy
+        from policies.io import checkpoint_cameras, load_policy
 
         policy = load_policy(cfg.policy)
         policy.eval()
-        cameras = getattr(getattr(policy, "config", None), "cameras", ()) or ()
-        if "wrist" in cameras and not cfg.env.wrist_camera and cfg.env.has_optional_wrist_camera():
-            print(f"note: {cfg.policy} reads a wrist camera; turning on env.wrist_camera for {cfg.env.id}")
-            cfg = replace(cfg, env=replace(cfg.env, wrist_camera=True))
+        cfg = replace(cfg, env=cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy), cfg.policy))
     with cfg.env.make() as env:
         video = out / "rollout.mp4" if cfg.video else None
         if policy is None:
