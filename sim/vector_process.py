@@ -19,6 +19,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,11 +92,19 @@ class _Waiter:
             os.sched_yield()  # a process that needs this core (another job's, or ours) runs first
 
 
-def _usable_cpus() -> int:
+def _usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota (``cpu_max``; containers)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]  # "max 100000" or e.g. "150000 100000"
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def _numpy_views(bufs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

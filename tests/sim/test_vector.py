@@ -159,3 +159,17 @@ def test_bad_spin_wait_names_the_option():
 
     with pytest.raises(Exception, match="spin_wait must be 'auto', 'on' or 'off', got 'sometimes'"):
         make_env("mujoco/pick-red", num_envs=1, num_workers=0, spin_wait="sometimes")
+
+
+def test_usable_cpus_respect_a_cgroup_quota(tmp_path):
+    import os
+
+    from sim.vector_process import _usable_cpus
+
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "none").write_text("max 100000\n")
+    (tmp_path / "one_and_a_half").write_text("150000 100000\n")
+    (tmp_path / "tenth").write_text("10000 100000\n")
+    assert _usable_cpus(str(tmp_path / "none")) == affinity == _usable_cpus(str(tmp_path / "missing"))
+    assert _usable_cpus(str(tmp_path / "one_and_a_half")) == min(affinity, 2)
+    assert _usable_cpus(str(tmp_path / "tenth")) == 1
