@@ -8,6 +8,7 @@ wrong type stops with the key's path and exit code 2.
 from __future__ import annotations
 
 import enum
+import json
 import os
 import sys
 import typing
@@ -99,7 +100,8 @@ def parse_config(config_class: type, args: Sequence[str], prog: str | None = Non
     import yaml
 
     preset = yaml.safe_load(Path(config_path).read_text()) if config_path else None
-    layered = _merge(_factory_defaults(config_class, preset or {}, args), preset or {})
+    base = _factory_defaults(config_class, preset or {}, args)
+    layered = _merge(_merge(base, _checkpoint_sampler(base, preset or {}, args)), preset or {})
     with tempfile.TemporaryDirectory(prefix="vla-rl-config-") as tmp:
         merged = Path(tmp) / (Path(config_path).name if config_path else "defaults.yaml")
         merged.write_text(yaml.safe_dump(layered, sort_keys=False))
@@ -147,6 +149,28 @@ def _factory_defaults(config_class: type, preset: dict[str, Any], args: Sequence
         else:
             base[f.name] = _plain(draccus.encode(value))
     return base
+
+
+def _checkpoint_sampler(base: dict[str, Any], preset: dict[str, Any], args: Sequence[str]) -> dict[str, Any]:
+    """The layer between the factory defaults and the preset: the sampler saved with the ``policy.path`` checkpoint.
+
+    So ``vla-rl train --policy.path <quickstart policy>`` samples as that policy was trained (the full Flow-SDE
+    chain), not with the policy type's default sampler, and ``--policy.sampler.<field>`` still overrides any
+    field of it. Empty when there is no path, the checkpoint saved no sampler, or the policy type has none;
+    only fields the chosen type's sampler has are taken.
+    """
+    section = preset.get("policy") if isinstance(preset.get("policy"), dict) else {}
+    path = _cli_value(args, "--policy.path") or section.get("path")
+    fields = (base.get("policy") or {}).get("sampler")
+    if not path or not isinstance(fields, dict):
+        return {}
+    try:
+        saved = json.loads((Path(path) / "config.json").read_text()).get("sampler")
+    except (OSError, ValueError, AttributeError):
+        return {}  # not a folder with our config: loading it reports the problem
+    if not isinstance(saved, dict):
+        return {}
+    return {"policy": {"sampler": {k: v for k, v in saved.items() if k in fields}}}
 
 
 def _cli_value(args: Sequence[str], flag: str) -> str | None:

@@ -52,7 +52,7 @@ def spec_fields(spec: EnvSpec) -> dict[str, Any]:
 
 
 def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
-    """A fresh policy sized for ``spec``, or the checkpoint at ``policy.path`` (with this run's sampler).
+    """A fresh policy sized for ``spec``, or the checkpoint at ``policy.path`` (with this run's ``policy.sampler``, which ``vla-rl train`` starts from the checkpoint's).
 
     With ``cfg.smoke``, policies that :mod:`vla_rl.smoke` replaces by a tiny offline model come from there.
     """
@@ -78,7 +78,11 @@ def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
 
 
 def _note_sampler_change(path: str, sampler: Any) -> None:
-    """Say so when this run samples ``policy.path`` with another sampler than the one saved with it."""
+    """Say so when this run samples ``policy.path`` with another sampler than the one saved with it.
+
+    ``vla-rl train`` starts ``policy.sampler`` from the checkpoint's (see ``vla_rl.cli``), so this happens when
+    the command line or preset changes it, or when a config built in code does not start from it.
+    """
     saved_file = Path(path) / "config.json"
     if sampler is None or not saved_file.is_file():
         return
@@ -86,8 +90,8 @@ def _note_sampler_change(path: str, sampler: Any) -> None:
     mine = json.loads(json.dumps(draccus.encode(sampler)))  # encoded as checkpoints save their config
     if isinstance(saved, dict) and saved != mine:
         changed = ", ".join(f"{k}={saved.get(k)!r} -> {v!r}" for k, v in mine.items() if saved.get(k) != v)
-        print(f"note: policy.path {path}: sampling with this run's policy.sampler ({changed}); pass "
-              "--policy.sampler.* to keep the checkpoint's", flush=True)
+        print(f"note: policy.path {path}: sampling with another policy.sampler than the checkpoint was saved "
+              f"with ({changed})", flush=True)
 
 
 def check_episode_fits(cfg: TrainConfig, spec: EnvSpec, exec_steps: int) -> None:

@@ -121,6 +121,23 @@ def test_checkpoint_cameras_and_train_from_a_wrist_camera_checkpoint(tmp_path):
     assert not Trainer(dataclasses.replace(cfg, env=EnvConfig(id="maniskill/PickCube-v1"))).cfg.env.wrist_camera  # none
 
 
+def test_train_samples_a_checkpoint_with_its_saved_sampler_unless_told_otherwise(tmp_path):
+    from policies.flow.sampler import SdeMode
+    from vla_rl.train_config import TrainConfig
+
+    saved = {"kind": "flow_sde", "num_steps": 10, "noise_level": 0.3, "sde_mode": "full_chain", "not_a_field": 1}
+    (tmp_path / "config.json").write_text(json.dumps({"type": "compact-flow", "sampler": saved}))
+    plain = parse_config(TrainConfig, [])
+    assert plain.policy.sampler.sde_mode is SdeMode.ONE_STEP and plain.policy.sampler.num_steps == 4
+    cfg = parse_config(TrainConfig, ["--policy.path", str(tmp_path)])
+    assert cfg.policy.sampler.sde_mode is SdeMode.FULL_CHAIN
+    assert (cfg.policy.sampler.num_steps, cfg.policy.sampler.noise_level) == (10, 0.3)
+    told = parse_config(TrainConfig, [f"--policy.path={tmp_path}", "--policy.sampler.sde_mode", "one_step"])
+    assert told.policy.sampler.sde_mode is SdeMode.ONE_STEP  # the command line wins, field by field
+    assert (told.policy.sampler.num_steps, told.policy.sampler.noise_level) == (10, 0.3)
+    assert told.policy.path == str(tmp_path) and told.env == plain.env
+
+
 def test_collect_writes_a_lerobot_dataset(tmp_path):
     root = tmp_path / "demos"
     stats = run([

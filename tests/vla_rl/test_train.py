@@ -201,4 +201,5 @@ def test_a_checkpoint_sampled_with_another_sampler_is_announced(tmp_path, capsys
     _note_sampler_change(str(tmp_path), saved)
     assert capsys.readouterr().out == ""
     _note_sampler_change(str(tmp_path), SamplerConfig(sde_mode=SdeMode.ONE_STEP))
-    assert "sde_mode='full_chain' -> 'one_step'" in capsys.readouterr().out
+    assert "sampling with another policy.sampler than the checkpoint was saved with (sde_mode='full_chain' -> " \
+        "'one_step')" in capsys.readouterr().out
