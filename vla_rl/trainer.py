@@ -52,7 +52,8 @@ def spec_fields(spec: EnvSpec) -> dict[str, Any]:
 
 
 def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
-    """A fresh policy sized for ``spec``, or the checkpoint at ``policy.path`` (with this run's ``policy.sampler``, which ``vla-rl train`` starts from the checkpoint's).
+    """A fresh policy sized for ``spec``, or the checkpoint at ``policy.path`` (with this run's ``policy.sampler``,
+    which ``vla-rl train`` starts from the checkpoint's).
 
     With ``cfg.smoke``, policies that :mod:`vla_rl.smoke` replaces by a tiny offline model come from there.
     """
