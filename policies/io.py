@@ -49,16 +49,23 @@ def image_key(camera: str) -> str:
     return OBS_IMAGE_PREFIX + camera
 
 
+def checkpoint_config(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of checkpoint folder ``path`` as a dict, without loading weights; empty when the folder
+    has no readable JSON object there (loading the checkpoint is what reports that)."""
+    try:
+        data = json.loads((Path(path) / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def checkpoint_cameras(path: str | Path) -> tuple[str, ...] | None:
     """The cameras the policy in checkpoint folder ``path`` reads, from its ``config.json`` (no weights loaded).
 
     Ours save ``"cameras"``; LeRobot's list ``observation.images.<camera>`` in ``"input_features"``.
     None when the folder has no readable config or it names no cameras.
     """
-    try:
-        data = json.loads((Path(path) / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    data = checkpoint_config(path)
     if isinstance(data.get("cameras"), list):
         return tuple(str(c) for c in data["cameras"])
     features = data.get("input_features")

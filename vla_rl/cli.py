@@ -8,7 +8,6 @@ wrong type stops with the key's path and exit code 2.
 from __future__ import annotations
 
 import enum
-import json
 import os
 import sys
 import typing
@@ -164,10 +163,9 @@ def _checkpoint_sampler(base: dict[str, Any], preset: dict[str, Any], args: Sequ
     fields = (base.get("policy") or {}).get("sampler")
     if not path or not isinstance(fields, dict):
         return {}
-    try:
-        saved = json.loads((Path(path) / "config.json").read_text()).get("sampler")
-    except (OSError, ValueError, AttributeError):
-        return {}  # not a folder with our config: loading it reports the problem
+    from policies.io import checkpoint_config
+
+    saved = checkpoint_config(path).get("sampler")
     if not isinstance(saved, dict):
         return {}
     return {"policy": {"sampler": {k: v for k, v in saved.items() if k in fields}}}

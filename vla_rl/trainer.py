@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from policies.base import Policy
-from policies.io import checkpoint_cameras, load_policy
+from policies.io import checkpoint_cameras, checkpoint_config, load_policy
 from policies.registry import POLICIES
 from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
 from vla_rl import checkpoint as ckpt
@@ -84,10 +84,9 @@ def _note_sampler_change(path: str, sampler: Any) -> None:
     ``vla-rl train`` starts ``policy.sampler`` from the checkpoint's (see ``vla_rl.cli``), so this happens when
     the command line or preset changes it, or when a config built in code does not start from it.
     """
-    saved_file = Path(path) / "config.json"
-    if sampler is None or not saved_file.is_file():
+    if sampler is None:
         return
-    saved = json.loads(saved_file.read_text()).get("sampler")
+    saved = checkpoint_config(path).get("sampler")
     mine = json.loads(json.dumps(draccus.encode(sampler)))  # encoded as checkpoints save their config
     if isinstance(saved, dict) and saved != mine:
         changed = ", ".join(f"{k}={saved.get(k)!r} -> {v!r}" for k, v in mine.items() if saved.get(k) != v)
