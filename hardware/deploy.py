@@ -41,7 +41,7 @@ from hardware.scheduling import ChunkConfig
 from hardware.timing import TABLE_HEADER
 from hardware.watchdog import EStop
 from policies.base import ActMode, Policy
-from vla_rl.registry import Registry
+from vla_core.registry import Registry
 
 log = logging.getLogger(__name__)
 

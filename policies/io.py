@@ -26,10 +26,8 @@ import draccus
 import torch
 from safetensors.torch import load_file, save_file
 
-OBS_IMAGE_PREFIX = "observation.images."
-OBS_STATE = "observation.state"
-OBS_ENV_STATE = "observation.env_state"
-TASK = "task"
+from vla_core.keys import OBS_ENV_STATE, OBS_IMAGE_PREFIX, OBS_STATE, TASK  # noqa: F401  (re-exported)
+
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 

@@ -6,6 +6,6 @@ registered policy, so :func:`policies.io.load_policy` needs nothing but the path
 
 from __future__ import annotations
 
-from vla_rl.registry import Registry
+from vla_core.registry import Registry
 
 POLICIES: Registry = Registry("policy")

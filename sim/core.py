@@ -36,17 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-OBS_IMAGE_PREFIX = "observation.images."
-OBS_STATE = "observation.state"
-OBS_ENV_STATE = "observation.env_state"
-TASK = "task"
+from vla_core.keys import OBS_ENV_STATE, OBS_IMAGE_PREFIX, OBS_STATE, TASK, image_key  # noqa: F401  (re-exported)
 
 Obs = dict[str, Any]  # str -> Tensor, and TASK -> list[str]
-
-
-def image_key(camera: str) -> str:
-    """The observation key of camera ``camera``."""
-    return OBS_IMAGE_PREFIX + camera
 
 
 @dataclass(frozen=True)

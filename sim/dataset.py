@@ -24,9 +24,8 @@ import torch
 
 from sim.core import OBS_STATE, EnvSpec
 
-ACTION = "action"
-REWARD = "next.reward"
-SUCCESS = "next.success"
+from vla_core.keys import ACTION, REWARD, SUCCESS  # noqa: F401  (re-exported)
+
 # PyAV ships its FFmpeg inside the wheel; torchcodec needs system FFmpeg libraries (absent on our machines).
 VIDEO_BACKEND = "pyav"
 

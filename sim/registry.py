@@ -19,7 +19,7 @@ import difflib
 
 from sim.core import EnvError, VecEnv
 from sim.options import SimOptions
-from vla_rl.registry import Registry
+from vla_core.registry import Registry
 
 
 class Backend(abc.ABC):

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from policies.autoregressive.action_tokenizer import BinScheme
-from vla_rl.registry import Registry
+from vla_core.registry import Registry
 
 PROMPT_TEMPLATE = "In: What action should the robot take to {instruction}?\nOut:"
 TINY_BACKBONE = "tiny-llava"

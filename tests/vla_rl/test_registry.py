@@ -2,7 +2,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from vla_rl.registry import Registry, RegistryError
+from vla_core.registry import Registry, RegistryError
 
 
 @dataclass

@@ -26,7 +26,7 @@ from torch import Tensor
 from policies.base import Policy
 from vla_rl.algorithms.advantages import dynamic_sampling_mask, gae, group_relative, normalize_advantages
 from vla_rl.algorithms.losses import entropy_bonus, kl_k3, ppo_policy_loss, value_loss
-from vla_rl.registry import Registry
+from vla_core.registry import Registry
 from vla_rl.rollout import Rollout, RolloutEngine
 
 ALGORITHMS: Registry = Registry("algorithm")

@@ -1,5 +1,5 @@
 """CLI commands, each a function registered in :data:`COMMANDS` with its config dataclass."""
 
-from vla_rl.registry import Registry
+from vla_core.registry import Registry
 
 COMMANDS: Registry = Registry("command")

@@ -1,0 +1,37 @@
+"""Observation, action and dataset keys shared by every layer (LeRobot's names).
+
+An observation is a dict of batched tensors: ``observation.images.<camera>``
+(``uint8 [B, H, W, 3]``), ``observation.state`` (``float32 [B, S]``), optionally
+``observation.env_state`` (``float32 [B, P]``, privileged simulator state) and
+``task`` (a list of ``B`` instructions). Datasets add ``action`` and the
+per-frame ``next.reward`` / ``next.success`` / ``is_intervention`` fields.
+"""
+
+from __future__ import annotations
+
+OBS_IMAGE_PREFIX = "observation.images."
+OBS_STATE = "observation.state"
+OBS_ENV_STATE = "observation.env_state"
+TASK = "task"
+ACTION = "action"
+REWARD = "next.reward"
+SUCCESS = "next.success"
+DONE = "next.done"
+INTERVENTION = "is_intervention"
+"""LeRobot's human-in-the-loop field: 1 where a teleoperator's action replaced the policy's."""
+
+
+def image_key(camera: str) -> str:
+    """The observation key of camera ``camera``."""
+    return OBS_IMAGE_PREFIX + camera
+
+
+def camera_of(key: str) -> str:
+    """The camera name of image key ``key`` (``observation.images.front`` -> ``front``).
+
+    Raises:
+        ValueError: if ``key`` is not an image key.
+    """
+    if not key.startswith(OBS_IMAGE_PREFIX):
+        raise ValueError(f"{key!r} is not an image key (expected {OBS_IMAGE_PREFIX}<camera>)")
+    return key[len(OBS_IMAGE_PREFIX):]
