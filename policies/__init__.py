@@ -1,6 +1,7 @@
 """Models behind one RL-facing interface (:class:`policies.base.Policy`).
 
-Importing this package registers every policy in :data:`POLICIES` (the
+Importing this package registers every policy in :data:`POLICIES` and its tiny
+variant in :data:`policies.smoke.SMOKE_VARIANTS` (the
 modules import LeRobot / transformers lazily, so this stays cheap).
 """
 
@@ -9,5 +10,8 @@ from policies.registry import POLICIES
 
 from policies import autoregressive, compact  # noqa: E402,F401  isort: skip
 from policies.flow import lerobot  # noqa: E402,F401  isort: skip
+from policies.autoregressive import smoke as _ar_smoke  # noqa: E402,F401  isort: skip
+from policies.compact import smoke as _compact_smoke  # noqa: E402,F401  isort: skip
+from policies.flow import lerobot_smoke  # noqa: E402,F401  isort: skip
 
 __all__ = ["POLICIES", "ActMode", "ActOutput", "LogProbLevel", "Policy", "reduce_logp"]

@@ -7,6 +7,7 @@ wrong type stops with the key's path and exit code 2.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import os
 import sys
@@ -143,6 +144,13 @@ def _factory_defaults(config_class: type, preset: dict[str, Any], args: Sequence
             section = preset.get(f.name)
             chosen = _cli_value(args, f"--{f.name}.type") or (section.get("type") if isinstance(section, dict) else None)
             if chosen and chosen != typ.get_choice_name(type(value)):
+                known = sorted(typ.get_known_choices())
+                if chosen not in known:
+                    close = difflib.get_close_matches(chosen, known, n=3)
+                    hint = f" Did you mean {', '.join(close)}?" if close else ""
+                    print(f"vla-rl: invalid config: {f.name}.type: unknown {f.name} type {chosen!r}.{hint} "
+                          f"Valid: {', '.join(known)}", file=sys.stderr)
+                    raise SystemExit(2)
                 value = typ.get_choice_class(chosen)()
             base[f.name] = {"type": typ.get_choice_name(type(value)), **_plain(draccus.encode(value))}
         else:

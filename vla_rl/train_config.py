@@ -1,9 +1,10 @@
-"""Configs of ``vla-rl train``: env, policy (a draccus choice over the policy registry), algorithm, eval, logging.
+"""Configs of ``vla-rl train``: env, policy and algorithm (draccus choices over their registries), eval, logging.
 
 ``--policy.type compact-flow --policy.width 64`` picks a registered policy and
 sets its config fields; ``--policy.path DIR`` starts from a checkpoint instead
 of fresh weights (its saved architecture wins; sampler settings given on the
-command line still apply).
+command line still apply). ``--algo.type grpo --algo.group_size 4`` picks a
+registered learner (:data:`vla_rl.algorithms.base.ALGORITHMS`) the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import draccus
 
 import policies as _policies  # noqa: F401  (registers the policy modules)
 from policies.registry import POLICIES
-from vla_rl.algorithms.learners import ALGORITHMS, AlgoConfig
+from vla_rl.algorithms import grpo as _grpo  # noqa: F401  (registers the built-in learners)
+from vla_rl.algorithms import ppo as _ppo  # noqa: F401
+from vla_rl.algorithms.base import LearnerConfig
+from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.config import EnvConfig
 from vla_rl.run_logging import LoggingConfig
 
@@ -116,7 +120,7 @@ class TrainConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=_default_policy)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    algo: LearnerConfig = field(default_factory=PPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     iterations: int = 20
@@ -143,15 +147,9 @@ class TrainConfig:
     preset's env, policy type, sampler and algorithm are kept. See :mod:`vla_rl.smoke`."""
 
     def __post_init__(self) -> None:
-        if self.algo.name not in ALGORITHMS:
-            raise ValueError(f"algo.name: {ALGORITHMS.unknown_message(self.algo.name)}")
         if self.iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {self.iterations}")
-        if self.algo.name == "grpo" and self.env.num_envs % self.algo.group_size:
-            raise ValueError(
-                f"algo.group_size={self.algo.group_size} must divide env.num_envs={self.env.num_envs} "
-                "(GRPO plays group_size rollouts from each initial state)"
-            )
+        self.algo.check_run(self.env.num_envs)
         chunk = getattr(self.policy, "chunk_size", 0)
         steps = self.exec_steps or chunk
         if self.exec_steps and chunk and self.exec_steps > chunk:
@@ -181,4 +179,4 @@ class TrainConfig:
 
     @property
     def run_name(self) -> str:
-        return self.name or f"{self.algo.name}-{self.env.id.replace('/', '-')}-s{self.seed}"
+        return self.name or f"{self.algo.type}-{self.env.id.replace('/', '-')}-s{self.seed}"

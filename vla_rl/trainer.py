@@ -1,8 +1,11 @@
 """The training loop: collect, update, evaluate, log, checkpoint, resume.
 
-The trainer wires registered pieces together and never branches on the model
-type: the policy comes from :data:`policies.registry.POLICIES`, the learner
-from :data:`vla_rl.algorithms.learners.ALGORITHMS`.
+The trainer wires registered pieces together and never names a policy type or
+an algorithm: the policy comes from :mod:`vla_rl.policy_factory` (the policy
+registry), the learner from :data:`vla_rl.algorithms.base.ALGORITHMS`, and each
+iteration reads ``batch = learner.collect(inputs)``, ``stats = learner.update(batch)``,
+then evaluates, logs and checkpoints. What a learner needs from the loop
+(:class:`vla_rl.algorithms.base.Needs`) decides what the loop builds for it.
 """
 
 from __future__ import annotations
@@ -20,17 +23,15 @@ import torch
 from tqdm import tqdm
 
 from policies.base import Policy
-from policies.io import checkpoint_cameras, checkpoint_config, load_policy
-from policies.registry import POLICIES
-from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
+from policies.io import checkpoint_cameras, load_policy
 from vla_rl import checkpoint as ckpt
-from vla_rl.algorithms.learners import ALGORITHMS, Learner
+from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner
 from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.evaluation import EvalResult, evaluate_policy
-from vla_rl.rollout import RolloutEngine
+from vla_rl.policy_factory import build_policy
+from vla_rl.rollout import Rollout, RolloutEngine
 from vla_rl.run_logging import RunLogger
-from vla_rl.smoke import apply_smoke, build_smoke_policy
-from vla_rl.train_config import TrainConfig, policy_options, policy_type, training_seed_range
+from vla_rl.train_config import TrainConfig, training_seed_range
 
 
 def seed_everything(seed: int) -> None:
@@ -39,89 +40,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def spec_fields(spec: EnvSpec) -> dict[str, Any]:
-    """Policy config values derived from an env spec (by the conventional field names)."""
-    out: dict[str, Any] = {"action_dim": spec.action_dim, "cameras": tuple(spec.cameras)}
-    if OBS_STATE in spec.observation:
-        out["state_dim"] = spec.observation[OBS_STATE].shape[0]
-    if OBS_ENV_STATE in spec.observation:
-        out["env_state_dim"] = spec.observation[OBS_ENV_STATE].shape[0]
-    if spec.image_keys:
-        out["image_size"] = tuple(spec.observation[spec.image_keys[0]].shape[:2])
-    return out
-
-
-def build_policy(cfg: TrainConfig, spec: EnvSpec) -> Policy:
-    """A fresh policy sized for ``spec``, or the checkpoint at ``policy.path`` (with this run's ``policy.sampler``,
-    which ``vla-rl train`` starts from the checkpoint's).
-
-    With ``cfg.smoke``, policies that :mod:`vla_rl.smoke` replaces by a tiny offline model come from there.
-    """
-    options = policy_options(cfg.policy)
-    if cfg.policy.path:
-        overrides = {"sampler": options["sampler"]} if "sampler" in options else {}
-        _note_sampler_change(cfg.policy.path, overrides.get("sampler"))
-        return load_policy(cfg.policy.path, **overrides)
-    name = policy_type(cfg.policy)
-    tiny = build_smoke_policy(name, options, spec) if cfg.smoke else None
-    if tiny is not None:
-        return tiny
-    entry = POLICIES.get(name)
-    names = {f.name for f in dataclasses.fields(entry.config)}
-    derived = spec_fields(spec)
-    chosen = options.get("cameras")
-    default = next((f.default for f in dataclasses.fields(entry.config) if f.name == "cameras"), None)
-    # an explicit selection of the env's cameras is kept; the config's default means "all of the env's"
-    if chosen and tuple(chosen) != default and set(chosen) <= set(derived["cameras"]):
-        derived["cameras"] = tuple(chosen)
-    options.update({k: v for k, v in derived.items() if k in names})
-    return entry.obj(entry.config(**options))
-
-
-def _note_sampler_change(path: str, sampler: Any) -> None:
-    """Say so when this run samples ``policy.path`` with another sampler than the one saved with it.
-
-    ``vla-rl train`` starts ``policy.sampler`` from the checkpoint's (see ``vla_rl.cli``), so this happens when
-    the command line or preset changes it, or when a config built in code does not start from it.
-    """
-    if sampler is None:
-        return
-    saved = checkpoint_config(path).get("sampler")
-    mine = json.loads(json.dumps(draccus.encode(sampler)))  # encoded as checkpoints save their config
-    if isinstance(saved, dict) and saved != mine:
-        changed = ", ".join(f"{k}={saved.get(k)!r} -> {v!r}" for k, v in mine.items() if saved.get(k) != v)
-        print(f"note: policy.path {path}: sampling with another policy.sampler than the checkpoint was saved "
-              f"with ({changed})", flush=True)
-
-
-def check_episode_fits(cfg: TrainConfig, spec: EnvSpec, exec_steps: int) -> None:
-    """With ``reset_every_iteration``, one iteration must cover a whole episode of ``spec``.
-
-    Raises:
-        ConfigError: naming ``algo.decisions_per_iter`` and the episode length.
-    """
-    horizon = cfg.algo.decisions_per_iter * exec_steps
-    if cfg.reset_every_iteration and horizon < spec.max_episode_steps:
-        raise ConfigError(
-            f"algo.decisions_per_iter ({cfg.algo.decisions_per_iter}) x exec steps ({exec_steps}) = {horizon} "
-            f"env steps per iteration is shorter than an episode of {spec.env_id} ({spec.max_episode_steps} "
-            "steps): with reset_every_iteration no episode could finish. Raise algo.decisions_per_iter or "
-            "lower env.max_episode_steps."
-        )
+def rollout_scalars(rollout: Rollout) -> dict[str, float]:
+    """Episode statistics and per-term rewards of a rollout, for logging (``rollout/*``, ``reward/*``)."""
+    eps = rollout.episodes
+    nan = float("nan")
+    return {
+        "rollout/episodes": float(len(eps)),
+        "rollout/success": sum(e.success for e in eps) / len(eps) if eps else nan,
+        "rollout/return": sum(e.ret for e in eps) / len(eps) if eps else nan,
+        "rollout/length": sum(e.length for e in eps) / len(eps) if eps else nan,
+        "rollout/chunk_reward": float(rollout.rewards[rollout.valid].mean()),
+        **{f"reward/{k}": float(v[rollout.valid].mean()) for k, v in rollout.reward_terms.items()},
+    }
 
 
 class Trainer:
     """Run :class:`TrainConfig` (see module doc). ``run()`` returns the final evaluation."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        cfg = apply_smoke(cfg)
         if cfg.policy.path:  # e.g. the quickstart's policy, which reads a wrist camera
             env = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path)
             cfg = dataclasses.replace(cfg, env=env)
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.learner_cls = ALGORITHMS.get(cfg.algo.name).obj  # fails before any env is built
+        self.learner_cls: type[Learner] = ALGORITHMS.get(cfg.algo.type).obj  # fails before any env is built
 
     def _config_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(draccus.encode(self.cfg), default=str))
@@ -179,8 +122,11 @@ class Trainer:
               start_iter: int, env_steps: int, best: float | None) -> dict[str, Any]:
         cfg = self.cfg
         engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
-        check_episode_fits(cfg, env.spec, engine.exec_steps)
+        learner.check_env(env.spec, engine.exec_steps, cfg.reset_every_iteration)
         engine.total_env_steps = env_steps
+        if not learner.needs.env_rollouts:
+            raise ConfigError(f"algo.type={cfg.algo.type}: this learner needs {learner.needs}, which "
+                              "`vla-rl train` cannot supply yet")
         first = last = None
         if start_iter == 0:
             first = self._evaluate(policy, eval_env, 0, logger, "iter_000000")
@@ -190,27 +136,16 @@ class Trainer:
         for it in bar:
             t0 = time.perf_counter()
             base, _ = training_seed_range(cfg, it)
-            n_groups = max(1, env.num_envs // cfg.algo.group_size)
-            seeds = [base + g for g in range(n_groups)]
-            if cfg.reset_every_iteration and cfg.algo.name != "grpo":
-                engine.reset(seed=base)
             policy.train()
-            rollout = learner.collect(engine, seeds)
+            inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration, engine=engine)
+            batch = learner.collect(inputs)
             t1 = time.perf_counter()
-            stats = learner.update(rollout)
+            stats = learner.update(batch)
             t2 = time.perf_counter()
-            eps = rollout.episodes
-            scalars = {
-                "rollout/episodes": float(len(eps)),
-                "rollout/success": sum(e.success for e in eps) / len(eps) if eps else float("nan"),
-                "rollout/return": sum(e.ret for e in eps) / len(eps) if eps else float("nan"),
-                "rollout/length": sum(e.length for e in eps) / len(eps) if eps else float("nan"),
-                "rollout/chunk_reward": float(rollout.rewards[rollout.valid].mean()),
-                "time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                "time/env_steps_per_s": rollout.env_steps / max(t1 - t0, 1e-9),
-                **{f"reward/{k}": float(v[rollout.valid].mean()) for k, v in rollout.reward_terms.items()},
-                **stats,
-            }
+            scalars = {**(rollout_scalars(batch) if isinstance(batch, Rollout) else {}),
+                       "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
+            if isinstance(batch, Rollout):
+                scalars["time/env_steps_per_s"] = batch.env_steps / max(t1 - t0, 1e-9)
             step = engine.total_env_steps
             done_iter = it + 1
             is_last = done_iter == cfg.iterations
@@ -219,7 +154,8 @@ class Trainer:
                 scalars.update(res.scalars())
                 last = res
             logger.log(step, scalars)
-            bar.set_postfix(success=f"{scalars['rollout/success']:.2f}", ret=f"{scalars['rollout/return']:.2f}",
+            bar.set_postfix(success=f"{scalars.get('rollout/success', float('nan')):.2f}",
+                            ret=f"{scalars.get('rollout/return', float('nan')):.2f}",
                             eval=f"{last.success_rate:.2f}" if last else "-")
             if is_last or done_iter % cfg.checkpoint_every == 0:
                 saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, {

@@ -83,7 +83,7 @@ def test_rollout_of_a_checkpoint_scores_the_same_whatever_the_global_rng(tmp_pat
     from sim import make_env
     from vla_rl.config import EnvConfig
     from vla_rl.train_config import TrainConfig
-    from vla_rl.trainer import build_policy
+    from vla_rl.policy_factory import build_policy
 
     torch.manual_seed(0)
     env_cfg = EnvConfig(id="mujoco/pick-red", wrist_camera=True)

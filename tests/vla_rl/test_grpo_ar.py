@@ -1,6 +1,6 @@
 """GRPO and the autoregressive (openvla-style) path learn on a tiny task: short seeded runs improve their objective.
 
-Each test builds env and policy exactly as ``vla-rl train`` does (:func:`vla_rl.trainer.build_policy` from
+Each test builds env and policy exactly as ``vla-rl train`` does (:func:`vla_rl.policy_factory.build_policy` from
 a parsed :class:`TrainConfig`), runs a few collect + update iterations, and measures on every iteration's
 own rollout the learner's objective before and after its update:
 
@@ -16,13 +16,14 @@ from __future__ import annotations
 import torch
 
 from vla_rl.algorithms.advantages import normalize_advantages
-from vla_rl.algorithms.learners import ALGORITHMS, Learner
+from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner
 from vla_rl.algorithms.losses import ppo_policy_loss
 from vla_rl.cli import parse_config
 from vla_rl.rollout import Rollout, RolloutEngine
 from vla_rl.train_config import TrainConfig
 from vla_rl.train_config import training_seed_range
-from vla_rl.trainer import build_policy, seed_everything
+from vla_rl.policy_factory import build_policy
+from vla_rl.trainer import seed_everything
 
 MARGIN = 0.02  # surrogate gain per iteration, in units of normalized advantage (max about clip_high = 0.2)
 
@@ -50,16 +51,13 @@ def _run(args: list[str], iterations: int) -> list[tuple[float, float, float]]:
     env = cfg.env.make()
     try:
         policy = build_policy(cfg, env.spec)
-        learner = ALGORITHMS.get(cfg.algo.name).obj(cfg.algo, policy)
+        learner = ALGORITHMS.get(cfg.algo.type).obj(cfg.algo, policy)
         engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
         out = []
         for it in range(iterations):
             base, _ = training_seed_range(cfg, it)
-            seeds = [base + g for g in range(max(1, env.num_envs // cfg.algo.group_size))]
-            if cfg.algo.name != "grpo":
-                engine.reset(seed=base)
             policy.train()
-            rollout = learner.collect(engine, seeds)
+            rollout = learner.collect(IterationInputs(iteration=it, seed_base=base, reset=True, engine=engine))
             before, _, drift = _objective(learner, rollout)
             assert drift < 1e-3, f"evaluate does not reproduce the rollout's log-probs (max diff {float(drift):.2e})"
             stats = learner.update(rollout)
@@ -88,7 +86,7 @@ COMPACT_STATE = [
 
 
 def test_grpo_on_the_compact_policy_improves_its_surrogate():
-    rows = _run([*COMPACT_STATE, "--algo.name", "grpo", "--algo.group_size", "4", "--algo.dynamic_sampling", "false",
+    rows = _run([*COMPACT_STATE, "--algo.type", "grpo", "--algo.group_size", "4", "--algo.dynamic_sampling", "false",
                  "--algo.decisions_per_iter", "4", "--algo.epochs", "4", "--algo.minibatch_size", "16",
                  "--algo.lr_actor", "1e-4"], iterations=3)
     _assert_improves(rows)
@@ -105,11 +103,11 @@ AR_IMAGES = [
 
 
 def test_autoregressive_ppo_improves_its_surrogate():
-    rows = _run([*AR_IMAGES, "--algo.name", "ppo", "--algo.lr_critic", "1e-3"], iterations=2)
+    rows = _run([*AR_IMAGES, "--algo.type", "ppo", "--algo.lr_critic", "1e-3"], iterations=2)
     _assert_improves(rows)
 
 
 def test_autoregressive_grpo_improves_its_surrogate():
-    rows = _run([*AR_IMAGES, "--algo.name", "grpo", "--algo.group_size", "2", "--algo.dynamic_sampling", "false"],
+    rows = _run([*AR_IMAGES, "--algo.type", "grpo", "--algo.group_size", "2", "--algo.dynamic_sampling", "false"],
                 iterations=2)
     _assert_improves(rows)

@@ -33,14 +33,14 @@ def test_every_train_preset_is_listed_here():
 def test_preset_parses_at_full_size_and_shrinks_under_smoke(name):
     full = parse_config(TrainConfig, ["--preset", name])
     kind, algo = TRAIN_PRESETS[name]
-    assert policy_type(full.policy) == kind and full.algo.name == algo and not full.smoke
+    assert policy_type(full.policy) == kind and full.algo.type == algo and not full.smoke
     assert full.env.num_envs >= 64 and full.iterations >= 100
     assert apply_smoke(full) is full  # smoke off: untouched
     steps = full.exec_steps or getattr(full.policy, "chunk_size", 0)
     assert steps and full.algo.decisions_per_iter * steps >= EPISODE_STEPS[full.env.id]  # an episode per iteration
     small = apply_smoke(parse_config(TrainConfig, ["--preset", name, "--smoke", "true"]))
     assert small.env.num_envs <= MAX_ENVS and small.iterations <= 2 and small.env.num_workers == 0
-    assert small.env.id == full.env.id and policy_type(small.policy) == kind and small.algo.name == algo
+    assert small.env.id == full.env.id and policy_type(small.policy) == kind and small.algo.type == algo
     assert getattr(small.policy, "sampler", None) is None or small.policy.sampler.kind == full.policy.sampler.kind
     # A value below a cap given on the command line is kept.
     one = apply_smoke(parse_config(TrainConfig, ["--preset", name, "--smoke", "true", "--iterations", "1"]))

@@ -12,7 +12,9 @@ from sim.core import OBS_STATE
 from sim.vector import SerialVecEnv
 from tests.sim.toy_env import CounterEnv
 from tests.vla_rl.toy_policy import GaussianPolicy
-from vla_rl.algorithms.learners import AlgoConfig, GRPOLearner, PPOLearner
+from vla_rl.algorithms.base import IterationInputs
+from vla_rl.algorithms.grpo import GRPOConfig, GRPOLearner
+from vla_rl.algorithms.ppo import PPOConfig, PPOLearner
 from vla_rl.evaluation import evaluate_episodes, wilson_interval
 from vla_rl.rollout import RolloutEngine
 
@@ -65,12 +67,10 @@ def test_group_rollouts_share_initial_states_and_mask_after_the_episode():
     assert len(ro.episodes) == 4
 
 
-def _success_after(learner_cls, name: str, iters: int) -> tuple[float, float]:
+def _success_after(learner_cls, cfg, iters: int) -> tuple[float, float]:
     torch.manual_seed(0)
     env = _env(n=8, steps=4, goal=2.0)
     policy = GaussianPolicy(2, 1, horizon=2, init_mean=0.0)
-    cfg = AlgoConfig(name=name, decisions_per_iter=2, epochs=4, minibatch_size=8, lr_actor=0.05, lr_critic=0.01,
-                     group_size=4, dynamic_sampling=False)
     learner = learner_cls(cfg, policy)
     engine = RolloutEngine(env, policy, use_critic=learner.uses_critic)
 
@@ -80,19 +80,22 @@ def _success_after(learner_cls, name: str, iters: int) -> tuple[float, float]:
 
     before = evaluate_episodes(_env(n=8, steps=4), act, 16, seed=999, progress=False).success_rate
     for it in range(iters):
-        engine.reset(seed=100 * it)
-        learner.update(learner.collect(engine, [100 * it, 100 * it + 1]))
+        # PPO resets every env from seed 100 * it; GRPO plays groups from seeds 100 * it and 100 * it + 1
+        learner.update(learner.collect(IterationInputs(iteration=it, seed_base=100 * it, reset=True, engine=engine)))
     after = evaluate_episodes(_env(n=8, steps=4), act, 16, seed=999, progress=False).success_rate
     return before, after
 
 
 def test_ppo_learns_the_toy_task():
-    before, after = _success_after(PPOLearner, "ppo", iters=15)
+    cfg = PPOConfig(decisions_per_iter=2, epochs=4, minibatch_size=8, lr_actor=0.05, lr_critic=0.01)
+    before, after = _success_after(PPOLearner, cfg, iters=15)
     assert before <= 0.25 and after >= 0.9, (before, after)
 
 
 def test_grpo_learns_the_toy_task():
-    before, after = _success_after(GRPOLearner, "grpo", iters=15)
+    cfg = GRPOConfig(decisions_per_iter=2, epochs=4, minibatch_size=8, lr_actor=0.05, group_size=4,
+                     dynamic_sampling=False)
+    before, after = _success_after(GRPOLearner, cfg, iters=15)
     assert before <= 0.25 and after >= 0.9, (before, after)
 
 
@@ -105,10 +108,10 @@ def test_wilson_interval_values():
 def test_update_skips_when_dynamic_sampling_drops_every_group():
     env = _env(n=4, steps=3, goal=100.0)  # nobody succeeds: every group has success rate 0
     policy = GaussianPolicy(2, 1, horizon=2)
-    learner = GRPOLearner(AlgoConfig(name="grpo", group_size=2, decisions_per_iter=3), policy)
+    learner = GRPOLearner(GRPOConfig(group_size=2, decisions_per_iter=3), policy)
     engine = RolloutEngine(env, policy, use_critic=False)
     before = [p.detach().clone() for p in policy.parameters()]
-    stats = learner.update(learner.collect(engine, [1, 2]))
+    stats = learner.update(learner.collect(IterationInputs(iteration=0, seed_base=1, reset=True, engine=engine)))
     assert stats == {"update/skipped": 1.0}
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
@@ -142,7 +145,7 @@ def test_value_loss_reaches_the_shared_trunk_only_when_asked(shared):
 
     def trunk_grad(vf_coef: float) -> torch.Tensor:
         policy = copy.deepcopy(base)
-        cfg = AlgoConfig(epochs=1, minibatch_size=64, vf_coef=vf_coef, max_grad_norm=1e9, value_grad_to_actor=shared)
+        cfg = PPOConfig(epochs=1, minibatch_size=64, vf_coef=vf_coef, max_grad_norm=1e9, value_grad_to_actor=shared)
         learner = PPOLearner(cfg, policy)
         seen = []
         learner.optimizer.step = lambda: seen.append(policy.trunk.weight.grad.clone())

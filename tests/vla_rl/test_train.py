@@ -30,8 +30,8 @@ TINY = [
 @pytest.mark.parametrize(
     "args, field",
     [
-        (["--algo.name", "trpo"], "algo.name"),
-        (["--algo.name", "grpo", "--algo.group_size", "3", "--env.num_envs", "4"], "algo.group_size"),
+        (["--algo.type", "trpo"], "algo.type: unknown algo type 'trpo'"),
+        (["--algo.type", "grpo", "--algo.group_size", "3", "--env.num_envs", "4"], "algo.group_size"),
         (["--env.max_episode_steps", "4", "--policy.chunk_size", "8"], "env.max_episode_steps"),
         (["--exec_steps", "9", "--policy.chunk_size", "8"], "exec_steps"),
         (["--algo.dual_clip", "0.5"], "algo.dual_clip"),
@@ -116,7 +116,7 @@ def test_sigkill_mid_iteration_then_resume_continues_exactly(tmp_path):
 def test_build_policy_uses_every_env_camera_unless_a_selection_is_given():
     from sim import make_env
     from vla_rl.train_config import POLICY_CHOICES, TrainConfig
-    from vla_rl.trainer import build_policy
+    from vla_rl.policy_factory import build_policy
 
     small = dict(text_encoder="hashed", width=32, heads=2, cnn_channels=(8, 16), image_tokens=2)
     with make_env("mujoco/pick-red", num_envs=1, wrist_camera=True, num_workers=0, image_size=32) as env:
@@ -128,7 +128,8 @@ def test_build_policy_uses_every_env_camera_unless_a_selection_is_given():
 
 
 def test_evaluation_scores_a_policy_the_same_every_time_and_leaves_the_training_rng_alone(tmp_path):
-    from vla_rl.trainer import Trainer, build_policy
+    from vla_rl.policy_factory import build_policy
+    from vla_rl.trainer import Trainer
 
     cfg = parse_config(TrainConfig, [*TINY, "--run_dir", str(tmp_path), "--eval.episodes", "4"])
     trainer = Trainer(cfg)
@@ -145,9 +146,9 @@ def test_evaluation_scores_a_policy_the_same_every_time_and_leaves_the_training_
 
 
 def test_freeze_encoder_trains_only_the_action_head_and_critic(tmp_path):
-    from vla_rl.algorithms.learners import PPOLearner
+    from vla_rl.algorithms.ppo import PPOLearner
     from vla_rl.rollout import RolloutEngine
-    from vla_rl.trainer import build_policy
+    from vla_rl.policy_factory import build_policy
 
     cfg = parse_config(TrainConfig, [*TINY, "--run_dir", str(tmp_path), "--algo.freeze_encoder", "true",
                                      "--algo.critic_warmup_iters", "0"])
@@ -170,14 +171,14 @@ def test_freeze_encoder_trains_only_the_action_head_and_critic(tmp_path):
 
 def test_freeze_encoder_needs_a_policy_that_names_its_encoder():
     from tests.vla_rl.toy_policy import GaussianPolicy
-    from vla_rl.algorithms.learners import AlgoConfig, PPOLearner
+    from vla_rl.algorithms.ppo import PPOConfig, PPOLearner
 
     with pytest.raises(ValueError, match="freeze_encoder"):
-        PPOLearner(AlgoConfig(freeze_encoder=True), GaussianPolicy(state_dim=1, action_dim=1))
+        PPOLearner(PPOConfig(freeze_encoder=True), GaussianPolicy(state_dim=1, action_dim=1))
 
 
 def test_state_critic_is_sized_from_the_env_spec_and_reads_the_env_observation():
-    from vla_rl.trainer import build_policy
+    from vla_rl.policy_factory import build_policy
 
     cfg = parse_config(TrainConfig, [*TINY, "--policy.value_placement", "state"])
     with cfg.env.make() as env:
@@ -193,13 +194,13 @@ def test_a_checkpoint_sampled_with_another_sampler_is_announced(tmp_path, capsys
     import json
 
     from policies.flow.sampler import SamplerConfig, SdeMode
-    from vla_rl.trainer import _note_sampler_change
+    from vla_rl.policy_factory import note_sampler_change
 
     saved = SamplerConfig(sde_mode=SdeMode.FULL_CHAIN)
     (tmp_path / "config.json").write_text(json.dumps({"type": "compact-flow", "sampler": json.loads(json.dumps(
         dataclasses.asdict(saved), default=lambda v: v.value))}))
-    _note_sampler_change(str(tmp_path), saved)
+    note_sampler_change(str(tmp_path), saved)
     assert capsys.readouterr().out == ""
-    _note_sampler_change(str(tmp_path), SamplerConfig(sde_mode=SdeMode.ONE_STEP))
+    note_sampler_change(str(tmp_path), SamplerConfig(sde_mode=SdeMode.ONE_STEP))
     assert "sampling with another policy.sampler than the checkpoint was saved with (sde_mode='full_chain' -> " \
         "'one_step')" in capsys.readouterr().out

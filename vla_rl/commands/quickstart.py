@@ -26,7 +26,8 @@ import draccus
 import torch
 
 from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode
-from vla_rl.algorithms.learners import AlgoConfig
+from vla_rl.algorithms.base import LearnerConfig
+from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.commands import COMMANDS
 from vla_rl.commands.collect import collect_demos
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
@@ -34,8 +35,17 @@ from vla_rl.evaluation import evaluate_policy
 from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.sft import SFTConfig, load_demo_chunks, pretrain
-from vla_rl.train_config import EVAL_SEED_BASE, POLICY_CHOICES, SEED_BLOCK, EvalConfig, PolicyConfig, TrainConfig
-from vla_rl.trainer import Trainer, build_policy, seed_everything
+from vla_rl.train_config import (
+    EVAL_SEED_BASE,
+    POLICY_CHOICES,
+    SEED_BLOCK,
+    EvalConfig,
+    PolicyConfig,
+    TrainConfig,
+    policy_type,
+)
+from vla_rl.policy_factory import build_policy
+from vla_rl.trainer import Trainer, seed_everything
 
 
 def _quickstart_env() -> EnvConfig:
@@ -52,10 +62,10 @@ def _quickstart_policy() -> PolicyConfig:
     )
 
 
-def _quickstart_algo() -> AlgoConfig:
+def _quickstart_algo() -> LearnerConfig:
     # 32 envs x 6 decisions per update, 2 epochs: the gradient compute of 16 envs x 4 epochs on twice the samples
     # (docs/benchmarks.md: the first recipe that lifts every measured seed by +0.20)
-    return AlgoConfig(name="ppo", decisions_per_iter=6, epochs=2, minibatch_size=192, lr_actor=3e-5, lr_critic=1e-3,
+    return PPOConfig(decisions_per_iter=6, epochs=2, minibatch_size=192, lr_actor=3e-5, lr_critic=1e-3,
                       target_kl=0.05, critic_warmup_iters=3)
 
 
@@ -73,7 +83,7 @@ class QuickstartConfig:
 
     env: EnvConfig = field(default_factory=_quickstart_env)
     policy: PolicyConfig = field(default_factory=_quickstart_policy)
-    algo: AlgoConfig = field(default_factory=_quickstart_algo)
+    algo: LearnerConfig = field(default_factory=_quickstart_algo)
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=700, episodes=50))
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     demos: int = 50
@@ -208,7 +218,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
 
     # 3 + 4. RL with evaluation before and after
     t = time.perf_counter()
-    print(f"[3/4] Flow-SDE PPO for {cfg.iterations} iterations")
+    print(f"[3/4] {cfg.algo.type} ({_sampler_name(cfg.policy)}) for {cfg.iterations} iterations")
     result = Trainer(_train_config(cfg, run_dir, policy_path=str(sft_dir))).run()
     stages["rl"] = time.perf_counter() - t
 
@@ -224,7 +234,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
             shutil.copyfile(res.video, dst)
             videos[tag] = str(dst.relative_to(run_dir))
     summary = {
-        "name": name, "env_id": cfg.env.id, "policy": "compact-flow", "algorithm": f"{cfg.algo.name} + flow-sde",
+        "name": name, "env_id": cfg.env.id, "policy": policy_type(cfg.policy), "algorithm": f"{cfg.algo.type} + {_sampler_name(cfg.policy)}",
         "seed": cfg.seed, "success_before": before.success_rate, "success_after": after.success_rate,
         "success_before_ci": [before.ci_low, before.ci_high], "success_after_ci": [after.ci_low, after.ci_high],
         "episodes_per_eval": after.episodes, "per_task_before": before.per_task, "per_task_after": after.per_task,
@@ -249,6 +259,12 @@ def _train_config(cfg: QuickstartConfig, run_dir: Path, policy_path: str) -> Tra
         eval=EvalConfig(episodes=cfg.eval_episodes, every=cfg.eval_every,
                         video=True),
     )
+
+
+def _sampler_name(policy: PolicyConfig) -> str:
+    """The policy's RL sampler as a name (``flow-sde``, ``flow-noise``), or ``-`` for a policy without one."""
+    sampler = getattr(policy, "sampler", None)
+    return getattr(sampler.kind, "value", str(sampler.kind)) if sampler is not None else "-"
 
 
 def _sft_summary(sft_dir: Path) -> dict[str, Any]:

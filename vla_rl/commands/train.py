@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from vla_rl.commands import COMMANDS
+from vla_rl.smoke import apply_smoke
 from vla_rl.train_config import TrainConfig
 from vla_rl.trainer import Trainer
 
 
-@COMMANDS.register("train", config=TrainConfig, help="RL fine-tuning (PPO / GRPO) with evaluation, logging and checkpoints")
+@COMMANDS.register("train", config=TrainConfig, help="fine-tuning with any registered learner (PPO, GRPO, ...): evaluation, logging, checkpoints")
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    result = Trainer(cfg).run()
+    result = Trainer(apply_smoke(cfg)).run()
     before, after = result["before"], result["after"]
     if before is not None and after is not None:
         print(f"success {before.success_rate:.2f} -> {after.success_rate:.2f} "

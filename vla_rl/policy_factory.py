@@ -1,0 +1,86 @@
+"""Build the policy a run trains: fresh from a registered config sized for the env, or from a checkpoint.
+
+Nothing here names a policy type: the registry (:data:`policies.registry.POLICIES`)
+gives the class and its config, the env spec gives the sizes (:func:`spec_fields`),
+and a smoke run takes the tiny variant the policy's module registered
+(:data:`policies.smoke.SMOKE_VARIANTS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import draccus
+
+from policies.base import Policy
+from policies.io import checkpoint_config, load_policy
+from policies.registry import POLICIES
+from policies.smoke import SMOKE_VARIANTS
+from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
+
+
+def spec_fields(spec: EnvSpec) -> dict[str, Any]:
+    """Policy config values derived from an env spec (by the conventional field names)."""
+    out: dict[str, Any] = {"action_dim": spec.action_dim, "cameras": tuple(spec.cameras)}
+    if OBS_STATE in spec.observation:
+        out["state_dim"] = spec.observation[OBS_STATE].shape[0]
+    if OBS_ENV_STATE in spec.observation:
+        out["env_state_dim"] = spec.observation[OBS_ENV_STATE].shape[0]
+    if spec.image_keys:
+        out["image_size"] = tuple(spec.observation[spec.image_keys[0]].shape[:2])
+    return out
+
+
+def build_policy_from_fields(name: str, options: dict[str, Any], derived: dict[str, Any], smoke: bool = False) -> Policy:
+    """A fresh policy of registered type ``name`` with config ``options``, sized by ``derived`` (:func:`spec_fields`).
+
+    An explicit ``cameras`` selection among the derived ones is kept; the config's default means "all of them".
+    With ``smoke``, a policy type whose tiny variant has a builder (hub checkpoints) is built by it.
+    """
+    entry = POLICIES.get(name)
+    names = {f.name for f in dataclasses.fields(entry.config)}
+    derived = dict(derived)
+    chosen = options.get("cameras")
+    default = next((f.default for f in dataclasses.fields(entry.config) if f.name == "cameras"), None)
+    if chosen and tuple(chosen) != default and set(chosen) <= set(derived.get("cameras", ())):
+        derived["cameras"] = tuple(chosen)
+    variant = SMOKE_VARIANTS.get(name).obj if smoke and name in SMOKE_VARIANTS else None
+    if variant is not None and variant.builder is not None:
+        return variant.builder(entry.config(**options), derived)
+    options = {**options, **{k: v for k, v in derived.items() if k in names}}
+    return entry.obj(entry.config(**options))
+
+
+def build_policy(cfg: Any, spec: EnvSpec) -> Policy:
+    """A fresh policy sized for ``spec``, or the checkpoint at ``cfg.policy.path`` (with this run's
+    ``policy.sampler``, which ``vla-rl train`` starts from the checkpoint's).
+
+    Args:
+        cfg: a config with ``policy`` (a :class:`vla_rl.train_config.PolicyConfig` choice) and ``smoke``.
+    """
+    from vla_rl.train_config import policy_options, policy_type
+
+    options = policy_options(cfg.policy)
+    if cfg.policy.path:
+        overrides = {"sampler": options["sampler"]} if "sampler" in options else {}
+        note_sampler_change(cfg.policy.path, overrides.get("sampler"))
+        return load_policy(cfg.policy.path, **overrides)
+    return build_policy_from_fields(policy_type(cfg.policy), options, spec_fields(spec), smoke=cfg.smoke)
+
+
+def note_sampler_change(path: str, sampler: Any) -> None:
+    """Say so when a run samples ``path`` with another sampler than the one saved with it.
+
+    ``vla-rl train`` starts ``policy.sampler`` from the checkpoint's (see ``vla_rl.cli``), so this happens when
+    the command line or preset changes it, or when a config built in code does not start from it.
+    """
+    if sampler is None:
+        return
+    saved = checkpoint_config(path).get("sampler")
+    mine = json.loads(json.dumps(draccus.encode(sampler)))  # encoded as checkpoints save their config
+    if isinstance(saved, dict) and saved != mine:
+        changed = ", ".join(f"{k}={saved.get(k)!r} -> {v!r}" for k, v in mine.items() if saved.get(k) != v)
+        print(f"note: policy.path {path}: sampling with another policy.sampler than the checkpoint was saved "
+              f"with ({changed})", flush=True)
