@@ -57,6 +57,39 @@ def _show_defaults(parser: Any, layered: dict[str, Any]) -> None:
             action.default = value
 
 
+def _only_chosen_options(parser: Any, config_class: type, layered: dict[str, Any]) -> None:
+    """Drop from ``--help`` the options of choice sections (``policy``, ``algo``) that the chosen type lacks.
+
+    draccus lists the union of every registered type's fields; a user of ``--policy.type pi0`` wants pi0's.
+    """
+    import dataclasses
+
+    import draccus
+
+    hints = typing.get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
+        typ = hints.get(f.name)
+        section = layered.get(f.name)
+        if not (isinstance(typ, type) and issubclass(typ, draccus.ChoiceRegistry) and isinstance(section, dict)):
+            continue
+        chosen = typ.get_choice_class(section.get("type") or typ.default_choice_name())
+        allowed = {fld.name for fld in dataclasses.fields(chosen)} | {"type"}
+        others = {fld.name for name in typ.get_known_choices() for fld in dataclasses.fields(typ.get_choice_class(name))}
+        top = {fld.name for fld in dataclasses.fields(config_class)}
+        drop = []
+        for action in parser._actions:
+            head, _, rest = action.dest.partition(".")
+            if head == f.name and rest and rest.partition(".")[0] not in allowed:
+                drop.append(action)  # --policy.<field of another type>
+            elif not rest and head in others - allowed - top:
+                drop.append(action)  # draccus's "--<nested section> FILE" option of another type's section
+        for action in drop:
+            parser._remove_action(action)
+            for group in parser._action_groups:
+                if action in group._group_actions:
+                    group._group_actions.remove(action)
+
+
 def _help_formatter() -> type:
     """draccus's help formatter, with a literal ``%`` in a field's doc (``95% CI``) kept literal.
 
@@ -110,6 +143,7 @@ def parse_config(config_class: type, args: Sequence[str], prog: str | None = Non
                                                        formatter_class=_help_formatter())
             if "-h" in args or "--help" in args:  # show the values this command starts from, not the classes'
                 _show_defaults(parser.parser, layered)
+                _only_chosen_options(parser.parser, config_class, layered)
             return parser.parse_args(args)
         except (draccus.utils.ParsingError, ValueError, TypeError) as exc:
             # Validation in a __post_init__ reaches us wrapped; its own message names the field.
