@@ -9,8 +9,10 @@ reproduces LeRobot's ``sample_actions`` exactly while Flow-SDE / Flow-Noise add
 tractable log-probs. Action-expert features for the Flow-Noise net and the
 expert-placed critic are read with a forward hook on ``action_out_proj``.
 
-Checkpoint folder = a LeRobot checkpoint plus our files, so LeRobot can load it
-as is:
+Checkpoint folder = a LeRobot checkpoint plus our files, so LeRobot's own
+``PI0Policy`` / ``PI05Policy`` / ``SmolVLAPolicy.from_pretrained`` and
+``make_pre_post_processors(..., pretrained_path=...)`` load it as is (see
+docs/policies.md, "Loading a vla-rl checkpoint in LeRobot"):
 
 - ``config.json``, ``model.safetensors``: LeRobot's (``"type"`` is ``pi0`` /
   ``pi05`` / ``smolvla``, which are also our registry names);
