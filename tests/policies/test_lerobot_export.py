@@ -18,14 +18,9 @@ pytest.importorskip("lerobot.policies.pi0", reason="LeRobot with the [pi,smolvla
 from safetensors import safe_open  # noqa: E402
 
 from policies.base import ActMode  # noqa: E402
-from policies.flow.lerobot import LeRobotFlowPolicy, LeRobotPI0Policy  # noqa: E402
+from policies.flow.lerobot import LeRobotFlowPolicy  # noqa: E402
 from policies.flow.sampler import SamplerConfig, SamplerKind  # noqa: E402
-from policies.flow.tiny import (  # noqa: E402
-    build_tiny_lerobot_policy,
-    tiny_dataset_stats,
-    tiny_paligemma_configs,
-    train_tokenizer,
-)
+from policies.flow.tiny import build_tiny_lerobot_policy, tiny_paligemma_configs  # noqa: E402
 from policies.io import load_policy  # noqa: E402
 
 torch.set_num_threads(1)
@@ -154,20 +149,3 @@ def test_the_documented_lerobot_snippet_runs(vlm_folder: Path, tmp_path: Path) -
         exec(compile(source, str(DOC), "exec"), scope)  # noqa: S102  (our own documentation)
     assert scope["actions"].shape == (1, H, A) and torch.isfinite(scope["actions"]).all()
 
-
-def test_lerobot_weights_without_processor_files_load_with_a_given_tokenizer(tmp_path: Path) -> None:
-    """Only LeRobot's config + weights (no processor files): processors are rebuilt with the tokenizer we pass,
-    served under the PaliGemma Hub id by :func:`policies.flow.tokenizer.local_hub_tokenizer`."""
-    torch.manual_seed(0)
-    policy = build_tiny_lerobot_policy("pi0")
-    policy.lerobot.save_pretrained(tmp_path)
-    assert not (tmp_path / "policy_preprocessor.json").exists()
-    with tiny_paligemma_configs():
-        loaded = LeRobotPI0Policy.from_pretrained(
-            tmp_path, tokenizer=train_tokenizer(), dataset_stats=tiny_dataset_stats(S, A)
-        )
-    obs = make_obs(seed=6)
-    noise = torch.randn(B, H, A_MODEL, generator=torch.Generator().manual_seed(7))
-    policy.configure_sampler(loaded.sampler)
-    torch.testing.assert_close(loaded.act(obs, ActMode.EVAL, noise=noise).actions,
-                               policy.act(obs, ActMode.EVAL, noise=noise).actions, rtol=0, atol=0)
