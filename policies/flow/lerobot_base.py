@@ -9,8 +9,10 @@ reproduces LeRobot's ``sample_actions`` exactly while Flow-SDE / Flow-Noise add
 tractable log-probs. Action-expert features for the Flow-Noise net and the
 expert-placed critic are read with a forward hook on ``action_out_proj``.
 
-Checkpoint folder = a LeRobot checkpoint plus our files, so LeRobot can load it
-as is:
+Checkpoint folder = a LeRobot checkpoint plus our files, so LeRobot's own
+``PI0Policy`` / ``PI05Policy`` / ``SmolVLAPolicy.from_pretrained`` and
+``make_pre_post_processors(..., pretrained_path=...)`` load it as is (see
+docs/policies.md, "Loading a vla-rl checkpoint in LeRobot"):
 
 - ``config.json``, ``model.safetensors``: LeRobot's (``"type"`` is ``pi0`` /
   ``pi05`` / ``smolvla``, which are also our registry names);
@@ -40,6 +42,7 @@ from torch import Tensor, nn
 from policies.base import LogProbLevel
 from policies.flow.policy import FlowContext, FlowHeadDims, FlowPolicy
 from policies.flow.sampler import SamplerConfig, VelocityOutput
+from policies.flow.tokenizer import TOKENIZER_DIR, local_hub_tokenizer, saved_tokenizer, tokenizer_repo_id
 from policies.flow.value import ValuePlacement
 from policies.io import (
     OBS_IMAGE_PREFIX,
@@ -55,7 +58,6 @@ from policies.io import (
 
 ADAPTER_FILE = "vla_rl_policy.json"
 HEADS_FILE = "vla_rl_heads.safetensors"
-TOKENIZER_DIR = "tokenizer"
 LEROBOT_CONFIG = "config.json"
 LEROBOT_WEIGHTS = "model.safetensors"
 PREPROCESSOR_FILE = "policy_preprocessor.json"
@@ -385,10 +387,8 @@ class LeRobotFlowPolicy(FlowPolicy):
                 raise CheckpointError(f"{where}: LeRobot {lr_cfg.type} config has no field {key!r}")
             setattr(lr_cfg, key, value)
         lerobot_policy = cls.lerobot_class().from_pretrained(where, config=lr_cfg)
-        if tokenizer is None and local and (Path(where) / TOKENIZER_DIR).is_dir():
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(Path(where) / TOKENIZER_DIR)
+        if tokenizer is None and local:
+            tokenizer = saved_tokenizer(where)
         pre, post = cls._processors(where, local, lr_cfg, tokenizer, dataset_stats)
         heads = Path(where) / HEADS_FILE
         return LeRobotParts(lerobot_policy, pre, post, heads if local and heads.is_file() else None)
@@ -421,9 +421,7 @@ class LeRobotFlowPolicy(FlowPolicy):
         has_files = (Path(where) / PREPROCESSOR_FILE).is_file() if local else cls._hub_has(where, PREPROCESSOR_FILE)
         if not has_files:
             if tokenizer is not None:
-                from policies.flow.tiny import PALIGEMMA_TOKENIZER, local_hub_tokenizer
-
-                with local_hub_tokenizer(tokenizer, getattr(lr_cfg, "vlm_model_name", PALIGEMMA_TOKENIZER)):
+                with local_hub_tokenizer(tokenizer, tokenizer_repo_id(lr_cfg)):
                     return make_pre_post_processors(lr_cfg, dataset_stats=dataset_stats)
             return make_pre_post_processors(lr_cfg, dataset_stats=dataset_stats)
         pre_over: dict[str, Any] = {"device_processor": {"device": lr_cfg.device or "cpu"}}

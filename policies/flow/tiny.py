@@ -11,13 +11,14 @@ tokenizer from the Hub. None of that is available offline, so this module:
   the context LeRobot is untouched.
 - :func:`train_tokenizer`: a byte-level BPE tokenizer trained in code, wrapped
   as ``PreTrainedTokenizerFast`` (stands in for the PaliGemma tokenizer).
-- :func:`local_hub_tokenizer`: exposes a tokenizer under a Hub repo id through
-  a private Hub cache (the documented ``HF_HUB_OFFLINE`` mechanism), so
-  LeRobot's own processor factories run unchanged.
+- :func:`policies.flow.tokenizer.local_hub_tokenizer` (production code, used
+  here) exposes that tokenizer under the PaliGemma Hub id, so LeRobot's own
+  processor factories run unchanged.
 - :func:`write_tiny_smolvlm`: a local folder with a tiny SmolVLM config and
   processor, usable as SmolVLA's ``vlm_model_name``.
 
-Nothing here is used by the production code path; real checkpoints load through
+This is a test / smoke fixture: it imports production modules, and no
+production module imports it. Real checkpoints load through
 :meth:`policies.flow.lerobot_base.LeRobotFlowPolicy.from_pretrained`.
 """
 
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
+from policies.flow.tokenizer import local_hub_tokenizer
+
 _CORPUS = [
     "pick up the red cube", "push the blue block to the goal", "open the drawer", "put the bowl on the plate",
     "stack the green cube on the red cube", "lift the peg upright", "move the arm to the left", "close the gripper",
@@ -78,33 +79,6 @@ def train_tokenizer(vocab_size: int = 400, named_special: dict[str, str] | None 
         tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
         extra_special_tokens=dict(named_special or {}),
     )
-
-
-@contextlib.contextmanager
-def local_hub_tokenizer(tokenizer: Any, repo_id: str = PALIGEMMA_TOKENIZER) -> Iterator[Path]:
-    """Serve ``tokenizer`` as Hub repo ``repo_id`` from a private, temporary Hub cache.
-
-    Inside the context, ``AutoTokenizer.from_pretrained(repo_id)`` resolves to
-    ``tokenizer``'s files (as with ``HF_HUB_OFFLINE=1`` and a populated cache).
-    """
-    from huggingface_hub import constants
-
-    with tempfile.TemporaryDirectory(prefix="vla-rl-hub-") as cache:
-        repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
-        revision = "0" * 40
-        snapshot = repo / "snapshots" / revision
-        snapshot.mkdir(parents=True)
-        (repo / "refs").mkdir()
-        (repo / "refs" / "main").write_text(revision)
-        tokenizer.save_pretrained(snapshot)
-        # AutoTokenizer reads the repo's model config first; a minimal one is enough.
-        (snapshot / "config.json").write_text(json.dumps({"model_type": "gemma"}))
-        old_cache, old_offline = constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE
-        constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = cache, True
-        try:
-            yield snapshot
-        finally:
-            constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = old_cache, old_offline
 
 
 @contextlib.contextmanager

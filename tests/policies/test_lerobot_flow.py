@@ -187,6 +187,24 @@ def test_plain_lerobot_checkpoint_loads_with_a_given_tokenizer(policies: dict, k
                                policy.act(obs, ActMode.EVAL, noise=noise).actions, rtol=0, atol=0)
 
 
+def test_lerobot_weights_without_processor_files_load_with_a_given_tokenizer(policies: dict, tmp_path: Path) -> None:
+    """LeRobot's config + weights only: the processors are rebuilt for the given tokenizer and statistics (the
+    tokenizer served under the PaliGemma Hub id by :func:`policies.flow.tokenizer.local_hub_tokenizer`)."""
+    from policies.flow.tiny import tiny_dataset_stats, train_tokenizer
+
+    policy = policies["pi0"]
+    policy.lerobot.save_pretrained(tmp_path)
+    assert not (tmp_path / "policy_preprocessor.json").exists()
+    with tiny_paligemma_configs():
+        loaded = LeRobotPI0Policy.from_pretrained(tmp_path, tokenizer=train_tokenizer(),
+                                                  dataset_stats=tiny_dataset_stats(5, A))
+    obs = make_obs(seed=8)
+    noise = torch.randn(B, H, A_MODEL, generator=torch.Generator().manual_seed(2))
+    policy.configure_sampler(loaded.sampler)
+    torch.testing.assert_close(loaded.act(obs, ActMode.EVAL, noise=noise).actions,
+                               policy.act(obs, ActMode.EVAL, noise=noise).actions, rtol=0, atol=0)
+
+
 def test_loading_errors_name_the_problem(policies: dict, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no config.json, model.safetensors"):
         LeRobotPI0Policy.from_pretrained(tmp_path)
