@@ -173,7 +173,7 @@ def test_collect_with_action_noise_records_clean_expert_labels(tmp_path):
 
     from sim import make_env
     from sim.dataset import load_dataset
-    from vla_rl.commands.collect import collect_demos
+    from vla_rl.data import collect_demos
 
     with make_env("mujoco/pick-red", num_envs=2, seed=3, obs_mode="state") as env:
         stats = collect_demos(env, tmp_path / "noisy", 2, "local/t", action_noise=0.3, seed=1)
