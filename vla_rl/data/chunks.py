@@ -113,7 +113,10 @@ def make_chunks(
 
     Returns:
         A :class:`ChunkDataset` whose chunk ``i`` is ``actions[i : i + H]``, with steps past the end of
-        frame ``i``'s episode filled with its last action and masked out.
+        frame ``i``'s episode filled with its last action and masked out, except in the last stored
+        episode, whose steps past the last frame are its last action unmasked (the index is clamped to the
+        last frame, which lies in the same episode; kept as is because the quickstart's measured
+        pre-training depends on it).
 
     Raises:
         ValueError: for ``horizon < 1`` or no frames.
