@@ -41,7 +41,8 @@ def write_lerobot_dataset(root: Path, episodes: int = 3, length: int = 6, camera
     if camera:
         features["observation.images.front"] = {"dtype": "image", "shape": (camera, camera, 3),
                                                 "names": ["height", "width", "channels"]}
-    ds = LeRobotDataset.create(repo_id="local/lerobot-made", fps=10, features=features, root=root, use_videos=False)
+    ds = LeRobotDataset.create(repo_id="local/lerobot-made", fps=10, features=features, root=root, use_videos=False,
+                               video_backend="pyav")
     rng = np.random.default_rng(seed)
     w = rng.normal(size=(ACT, STATE)).astype(np.float32)
     for ep in range(episodes):
