@@ -227,7 +227,7 @@ def test_an_override_keeps_the_sections_other_factory_defaults():
     assert parse_config(TrainConfig, ["--seed", "3"]).eval.seed == parse_config(TrainConfig, []).eval.seed + 3 * 10**6
 
 
-@pytest.mark.parametrize("command", ["quickstart", "train", "rollout", "collect"])
+@pytest.mark.parametrize("command", ["quickstart", "train", "rollout", "collect", "sft"])
 def test_help_lists_the_fields_with_the_commands_own_defaults(command, capsys):
     """``--help`` works (a field doc with a literal ``%`` used to crash it) and shows what the command starts from."""
     with pytest.raises(SystemExit) as exc:
