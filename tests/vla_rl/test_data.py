@@ -198,3 +198,18 @@ def test_split_rows_and_mixing_errors():
                          actions=torch.zeros(3, 4, 1), mask=torch.ones(3, 4, dtype=torch.bool), episodes=1)
     with pytest.raises(ValueError, match="cannot mix"):
         MixedSource([(_rows(3, 0.0, None), 1.0), (other, 1.0)]).sample(4, gen)
+
+
+def test_dataset_spec_reads_channel_first_image_shapes(tmp_path):
+    """LeRobot's tools store some camera shapes as (C, H, W) (named so); the spec reports (H, W) either way."""
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    (meta / "info.json").write_text(json.dumps({"fps": 30, "total_episodes": 1, "total_frames": 2, "features": {
+        "observation.images.top": {"dtype": "video", "shape": [3, 48, 64], "names": ["channels", "height", "width"]},
+        "observation.images.side": {"dtype": "image", "shape": [48, 64, 3], "names": ["height", "width", "channel"]},
+        "observation.state": {"dtype": "float32", "shape": [6], "names": None},
+        "action": {"dtype": "float32", "shape": [6], "names": None},
+    }}))
+    spec = dataset_spec(tmp_path)
+    assert spec.cameras == ("top", "side") and spec.image_sizes == {"top": (48, 64), "side": (48, 64)}
+    assert spec.extras == () and spec.fps == 30.0
