@@ -207,7 +207,7 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
         root: the dataset folder.
         inputs: what the policy reads (:func:`policy_inputs`); checked first (:func:`check_inputs`).
         horizon: H, the policy's chunk size.
-        episodes: use only the first this many episodes; 0 = all.
+        episodes: use only episodes ``0 .. episodes - 1``; 0 = every frame of the dataset.
 
     Raises:
         DatasetError: for a folder that is no LeRobotDataset, a missing feature or a shape mismatch (naming
@@ -228,7 +228,7 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
     for i in range(len(ds)):
         item = ds[i]
         ep = int(item["episode_index"])
-        if ep >= keep:
+        if episodes and ep >= keep:
             continue
         ep_of.append(ep)
         for k, v in item.items():
