@@ -1,13 +1,26 @@
-"""Supervised pre-training (imitation) of a policy on demonstrations stored as a LeRobotDataset.
+"""Supervised pre-training (imitation) of a policy on a LeRobotDataset.
 
-Frames are loaded into memory once (few-shot demo sets are small) and turned
-into action chunks: the target of frame ``i`` is ``actions[i : i + H]`` of its
-episode, padded with the last action and masked past the episode's end.
+Three layers, each usable alone:
+
+- :class:`SFTUpdater`: one gradient step on a :class:`~vla_rl.data.ChunkBatch` (AdamW, cosine schedule,
+  gradient clipping, random-shift augmentation, optional EMA), with ``state_dict`` for checkpoints: what
+  a learner in the RL trainer calls;
+- :func:`pretrain`: the loop (seeded minibatches of a :class:`~vla_rl.data.ChunkDataset`, normalization
+  fitted first, progress bar, optional success checks with early stop);
+- :func:`pretrain_on_dataset` / :func:`save_sft_policy`: a dataset folder in, a policy folder out, as
+  ``vla-rl sft`` and the quickstart's pre-training stage run them.
+
+Frames are loaded into memory once (demo sets are small) and turned into action
+chunks: the target of frame ``i`` is ``actions[i : i + H]`` of its episode,
+padded with the last action and masked past the episode's end.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +31,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from policies.base import Policy
-from sim.core import OBS_IMAGE_PREFIX, OBS_STATE, TASK
-from sim.dataset import ACTION, load_dataset
+from vla_core.keys import OBS_IMAGE_PREFIX
+from vla_rl.data.chunks import ChunkBatch, ChunkDataset
+from vla_rl.data.dataset import load_chunks, policy_inputs
 
 
 @dataclass
@@ -61,64 +75,104 @@ class SFTConfig:
             raise ValueError("sft.check_every, sft.check_from and sft.check_episodes must be >= 1")
 
 
-@dataclass
-class DemoChunks:
-    """Demo frames as tensors: observations (images uint8 ``[N, H, W, 3]``), chunks ``[N, H, A]``, masks ``[N, H]``."""
-
-    obs: dict[str, Any]
-    actions: Tensor
-    mask: Tensor
-    episodes: int
-
-    def __len__(self) -> int:
-        return self.actions.shape[0]
-
-    def batch(self, idx: Tensor) -> tuple[dict[str, Any], Tensor, Tensor]:
-        obs = {k: ([v[i] for i in idx.tolist()] if k == TASK else v[idx]) for k, v in self.obs.items()}
-        return obs, self.actions[idx], self.mask[idx]
+DemoChunks = ChunkDataset
+"""The former name of :class:`~vla_rl.data.ChunkDataset` (kept for callers that build demo rows by hand)."""
 
 
-def load_demo_chunks(root: str | Path, horizon: int, episodes: int = 0) -> DemoChunks:
-    """Read a dataset written by ``vla-rl collect`` into :class:`DemoChunks`.
+class SFTUpdater:
+    """One supervised step at a time on ``policy`` (its ``sft_loss``), with the optimizer state it carries.
 
-    Raises:
-        FileNotFoundError: when ``root`` holds no dataset.
-        ValueError: when it holds fewer than ``episodes`` episodes.
+    AdamW over the trainable parameters (``cfg.lr``, ``cfg.weight_decay``), the learning rate cosine-decayed
+    from ``cfg.lr`` to 10% of it over ``total_steps``, gradient-norm clipping at ``cfg.grad_clip``, random-shift
+    augmentation of every camera image by up to ``cfg.image_shift`` pixels (offsets drawn from ``generator``),
+    and with ``cfg.ema > 0`` an exponential moving average of the weights that :meth:`use_ema_weights` copies
+    into the policy.
+
+    Build it after ``policy.fit_normalization`` (the EMA copy is taken here).
+
+    Args:
+        policy: the policy to train (any with ``sft_loss``).
+        cfg: the SFT settings (``steps`` is the schedule's length unless ``total_steps`` is given).
+        generator: the RNG of the augmentation; a fresh one seeded with ``seed`` when None. :func:`pretrain`
+            passes the one it samples minibatches with, so one seed fixes the whole run.
+        total_steps: steps of the cosine schedule; None = ``cfg.steps``.
+        seed: seed of the fresh generator.
     """
-    ds = load_dataset(root)
-    n_eps = ds.num_episodes
-    if episodes and episodes > n_eps:
-        raise ValueError(f"{root}: asked for {episodes} demo episodes, the dataset has {n_eps}")
-    keep = episodes or n_eps
-    frames: dict[str, list] = {}
-    ep_of: list[int] = []
-    for i in range(len(ds)):
-        item = ds[i]
-        ep = int(item["episode_index"])
-        if ep >= keep:
-            continue
-        ep_of.append(ep)
-        for k, v in item.items():
+
+    def __init__(self, policy: Policy, cfg: SFTConfig, generator: torch.Generator | None = None,
+                 total_steps: int | None = None, seed: int = 0) -> None:
+        self.policy = policy
+        self.cfg = cfg
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(seed)
+        self.total_steps = cfg.steps if total_steps is None else total_steps
+        self.params = [p for p in policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        n = max(1, self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / n)))
+        self.ema = torch.optim.swa_utils.AveragedModel(
+            policy, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema), use_buffers=False,
+        ) if cfg.ema else None
+        self.steps = 0
+
+    def augment(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """``obs`` with every ``observation.images.*`` randomly shifted (:func:`random_shift`), in key order."""
+        out = dict(obs)
+        for k in out:
             if k.startswith(OBS_IMAGE_PREFIX):
-                v = (v.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)  # CHW float -> HWC uint8
-            elif k not in (OBS_STATE, ACTION, TASK):
-                continue
-            frames.setdefault(k, []).append(v)
-    obs: dict[str, Any] = {k: (v if k == TASK else torch.stack(v)) for k, v in frames.items() if k != ACTION}
-    acts = torch.stack(frames[ACTION]).float()
-    eps = torch.tensor(ep_of)
-    n = acts.shape[0]
-    offsets = torch.arange(horizon)
-    idx = torch.arange(n)[:, None] + offsets[None, :]
-    idx = idx.clamp(max=n - 1)
-    same = eps[idx] == eps[:, None]
-    # Past the episode's end: repeat the episode's last action and mask it out.
-    last = torch.zeros(n, dtype=torch.long)
-    for e in eps.unique():
-        rows = (eps == e).nonzero().flatten()
-        last[rows] = rows.max()
-    idx = torch.where(same, idx, last[:, None].expand(-1, horizon))
-    return DemoChunks(obs=obs, actions=acts[idx], mask=same, episodes=keep)
+                out[k] = random_shift(out[k], self.cfg.image_shift, self.generator)
+        return out
+
+    def step(self, batch: ChunkBatch) -> dict[str, float]:
+        """One gradient step on ``batch`` (``actions [B, H, A]``, ``mask [B, H]``; policy put in train mode).
+
+        Returns:
+            ``{"sft/loss": ..., "sft/lr": ..., "sft/grad_norm": ...}`` (the learning rate after the step; the
+            gradient norm before clipping).
+        """
+        self.policy.train()
+        loss = self.policy.sft_loss(self.augment(batch.obs), batch.actions, batch.mask)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.policy)
+        self.steps += 1
+        return {"sft/loss": float(loss.detach()), "sft/lr": self.scheduler.get_last_lr()[0],
+                "sft/grad_norm": float(grad_norm)}
+
+    def use_ema_weights(self) -> None:
+        """Copy the EMA weights into the policy's trainable parameters (nothing without ``cfg.ema``)."""
+        if self.ema is None:
+            return
+        with torch.no_grad():
+            averaged = [q for q in self.ema.module.parameters() if q.requires_grad]
+            for p, avg in zip(self.params, averaged, strict=True):
+                p.copy_(avg)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, schedule, EMA weights, augmentation RNG and step count (the policy's weights are not in it)."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "ema": self.ema.state_dict() if self.ema is not None else None,
+                "generator": self.generator.get_state(), "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: when ``state`` has EMA weights and this updater has no EMA, or the reverse.
+        """
+        if (state["ema"] is None) != (self.ema is None):
+            raise ValueError(f"SFT state {'has' if state['ema'] is not None else 'lacks'} EMA weights but "
+                             f"sft.ema={self.cfg.ema}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.generator.set_state(state["generator"])
+        self.steps = int(state["steps"])
 
 
 def random_shift(images: Tensor, pad: int, generator: torch.Generator) -> Tensor:
@@ -135,9 +189,13 @@ def random_shift(images: Tensor, pad: int, generator: torch.Generator) -> Tensor
     return cropped.gather(3, cols).round().to(torch.uint8).permute(0, 2, 3, 1)
 
 
-def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, log: Any = None,
+def pretrain(policy: Policy, data: ChunkDataset, cfg: SFTConfig, seed: int = 0, log: Any = None,
              success_check: Callable[[], float] | None = None) -> dict[str, float]:
-    """Imitation pre-training with ``policy.sft_loss``; normalization is fitted on ``data`` first.
+    """Imitation pre-training with ``policy.sft_loss`` (:class:`SFTUpdater`); normalization is fitted on ``data`` first.
+
+    Each step draws ``min(cfg.batch_size, len(data))`` rows uniformly (with replacement) on a generator seeded
+    with ``seed``, which also draws the augmentation's shifts; with ``cfg.ema`` the EMA weights end up in the
+    policy.
 
     Args:
         log: optional callable ``log(step, scalars)``.
@@ -151,37 +209,20 @@ def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, lo
         last 10% of steps; ``sft/steps`` run) plus ``sft/check_success`` of the last check when checks ran.
     """
     gen = torch.Generator().manual_seed(seed)
-    policy.fit_normalization(data.obs[OBS_STATE], data.actions[data.mask])
-    params = [p for p in policy.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / max(1, cfg.steps))))
-    ema = torch.optim.swa_utils.AveragedModel(
-        policy, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema), use_buffers=False,
-    ) if cfg.ema else None
+    policy.fit_normalization(*data.normalization_data())
+    updater = SFTUpdater(policy, cfg, generator=gen)
     policy.train()
     losses: list[float] = []
     checked: float | None = None
     bs = min(cfg.batch_size, len(data))
     with tqdm(range(cfg.steps), desc="pre-train (SFT)", unit="step") as bar:
         for step in bar:
-            idx = torch.randint(0, len(data), (bs,), generator=gen)
-            obs, actions, mask = data.batch(idx)
-            for k in obs:
-                if k.startswith(OBS_IMAGE_PREFIX):
-                    obs[k] = random_shift(obs[k], cfg.image_shift, gen)
-            loss = policy.sft_loss(obs, actions, mask)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            sched.step()
-            if ema is not None:
-                ema.update_parameters(policy)
-            losses.append(float(loss.detach()))
+            stats = updater.step(data.sample(bs, gen))
+            losses.append(stats["sft/loss"])
             if step % 25 == 0:
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
                 if log is not None:
-                    log(step, {"sft/loss": losses[-1], "sft/lr": sched.get_last_lr()[0]})
+                    log(step, {"sft/loss": losses[-1], "sft/lr": stats["sft/lr"]})
             done = step + 1
             if (success_check is not None and cfg.stop_at_success and done < cfg.steps and done >= cfg.check_from
                     and (done - cfg.check_from) % cfg.check_every == 0):
@@ -191,10 +232,7 @@ def pretrain(policy: Policy, data: DemoChunks, cfg: SFTConfig, seed: int = 0, lo
                     log(step, {"sft/check_success": checked})
                 if checked >= cfg.stop_at_success:
                     break
-    if ema is not None:
-        with torch.no_grad():
-            for p, avg in zip(params, [q for q in ema.module.parameters() if q.requires_grad], strict=True):
-                p.copy_(avg)
+    updater.use_ema_weights()
     k = max(1, len(losses) // 10)
     out = {"sft/loss_first": sum(losses[:k]) / k, "sft/loss_last": sum(losses[-k:]) / k, "sft/steps": len(losses)}
     if checked is not None:
@@ -210,3 +248,43 @@ def _checked_success(policy: Policy, success_check: Callable[[], float]) -> floa
             return float(success_check())
     finally:
         policy.train()
+
+
+def pretrain_on_dataset(policy: Policy, root: str | Path, cfg: SFTConfig, seed: int = 0, log: Any = None,
+                        success_check: Callable[[], float] | None = None) -> dict[str, float]:
+    """:func:`pretrain` ``policy`` on the first ``cfg.episodes`` episodes (0 = all) of the LeRobotDataset at ``root``.
+
+    The features the policy reads are matched by name and checked (:func:`vla_rl.data.load_chunks`).
+
+    Returns:
+        :func:`pretrain`'s statistics plus ``frames`` and ``episodes`` trained on.
+
+    Raises:
+        DatasetError: naming ``root`` and the feature, for a folder that is no LeRobotDataset, a feature the
+            policy reads but the dataset lacks, a shape mismatch (both shapes), or too few episodes.
+    """
+    data = load_chunks(root, policy_inputs(policy), policy.chunk_size, cfg.episodes)
+    stats = pretrain(policy, data, cfg, seed=seed, log=log, success_check=success_check)
+    return {**stats, "frames": len(data), "episodes": data.episodes}
+
+
+def save_sft_policy(policy: Policy, directory: str | Path, stats: dict[str, Any]) -> Path:
+    """Write ``policy`` (``save_pretrained``) and ``sft.json`` (``stats``) to ``directory`` atomically: into
+    ``.<name>.tmp`` beside it, then renamed, so ``directory`` either holds the whole policy or does not exist.
+
+    Returns:
+        ``directory``.
+
+    Raises:
+        FileExistsError: when ``directory`` exists.
+    """
+    out = Path(directory)
+    if out.exists():
+        raise FileExistsError(f"{out} exists; remove it or choose another output folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(tmp)
+    (tmp / "sft.json").write_text(json.dumps(stats))
+    os.replace(tmp, out)
+    return out

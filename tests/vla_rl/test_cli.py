@@ -173,7 +173,7 @@ def test_collect_with_action_noise_records_clean_expert_labels(tmp_path):
 
     from sim import make_env
     from sim.dataset import load_dataset
-    from vla_rl.commands.collect import collect_demos
+    from vla_rl.data import collect_demos
 
     with make_env("mujoco/pick-red", num_envs=2, seed=3, obs_mode="state") as env:
         stats = collect_demos(env, tmp_path / "noisy", 2, "local/t", action_noise=0.3, seed=1)
@@ -227,7 +227,7 @@ def test_an_override_keeps_the_sections_other_factory_defaults():
     assert parse_config(TrainConfig, ["--seed", "3"]).eval.seed == parse_config(TrainConfig, []).eval.seed + 3 * 10**6
 
 
-@pytest.mark.parametrize("command", ["quickstart", "train", "rollout", "collect"])
+@pytest.mark.parametrize("command", ["quickstart", "train", "rollout", "collect", "sft"])
 def test_help_lists_the_fields_with_the_commands_own_defaults(command, capsys):
     """``--help`` works (a field doc with a literal ``%`` used to crash it) and shows what the command starts from."""
     with pytest.raises(SystemExit) as exc:

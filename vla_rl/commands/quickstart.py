@@ -29,12 +29,13 @@ from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.commands import COMMANDS
-from vla_rl.commands.collect import collect_demos
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
+from vla_rl.data import collect_demos
 from vla_rl.evaluation import evaluate_policy
 from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
-from vla_rl.sft import SFTConfig, load_demo_chunks, pretrain
+from vla_rl.policy_factory import build_policy
+from vla_rl.sft import SFTConfig, pretrain_on_dataset, save_sft_policy
 from vla_rl.train_config import (
     EVAL_SEED_BASE,
     POLICY_CHOICES,
@@ -44,7 +45,6 @@ from vla_rl.train_config import (
     TrainConfig,
     policy_type,
 )
-from vla_rl.policy_factory import build_policy
 from vla_rl.trainer import Trainer, seed_everything
 
 
@@ -203,15 +203,10 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
         print(f"[2/4] pre-training on {cfg.sft.episodes or cfg.demos} demos")
         seed_everything(cfg.seed)
         policy = build_policy(train_cfg, spec)
-        data = load_demo_chunks(demo_root, policy.chunk_size, cfg.sft.episodes)
         with contextlib.ExitStack() as stack:
-            sft_stats = pretrain(policy, data, cfg.sft, seed=cfg.seed,
-                                 success_check=_success_check(cfg, policy, train_cfg.exec_steps, stack))
-        tmp = run_dir / ".sft_policy.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        policy.save_pretrained(tmp)
-        (tmp / "sft.json").write_text(json.dumps({**sft_stats, "frames": len(data), "episodes": data.episodes}))
-        os.replace(tmp, sft_dir)
+            sft_stats = pretrain_on_dataset(policy, demo_root, cfg.sft, seed=cfg.seed,
+                                            success_check=_success_check(cfg, policy, train_cfg.exec_steps, stack))
+        save_sft_policy(policy, sft_dir, sft_stats)
     else:
         print(f"[2/4] reusing pre-trained policy {sft_dir}")
     stages["pretrain"] = time.perf_counter() - t

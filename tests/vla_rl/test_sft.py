@@ -1,0 +1,142 @@
+"""``vla-rl sft`` and the SFT updater: any policy type, any LeRobotDataset folder, errors that name the feature."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.vla_rl.test_data import ACT, STATE, write_lerobot_dataset
+from vla_rl.cli import run
+
+TINY = [
+    "--policy.type", "compact-flow", "--policy.width", "32", "--policy.heads", "2", "--policy.chunk_size", "4",
+    "--policy.prefix_layers", "1", "--policy.expert_layers", "1", "--policy.text_encoder", "hashed",
+    "--policy.text_buckets", "256", "--policy.cnn_channels", "[8,16]", "--policy.image_tokens", "2",
+    "--policy.keypoints", "4", "--policy.value_hidden", "32", "--policy.noise_hidden", "16",
+]
+
+
+def _sft(dataset: Path, out: Path, *extra: str) -> dict:
+    return run(["sft", "--dataset", str(dataset), "--output", str(out), "--batch_size", "16", "--lr", "3e-3",
+                *TINY, *extra])
+
+
+def test_sft_trains_a_policy_on_a_dataset_written_by_lerobot(tmp_path, capsys):
+    data = write_lerobot_dataset(tmp_path / "lerobot-made", episodes=4, length=8)
+    out = tmp_path / "policy"
+    stats = _sft(data, out, "--steps", "150", "--episodes", "3")
+    assert stats["sft/steps"] == 150 and stats["episodes"] == 3 and stats["frames"] == 24
+    assert stats["sft/loss_last"] < 0.6 * stats["sft/loss_first"], stats  # it learns the state -> action map
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("sft: 150 steps on 24 frames of 3 episodes")
+    assert {"config.json", "sft.json"} <= {p.name for p in out.iterdir()}
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # written atomically
+    assert json.loads((out / "sft.json").read_text())["sft/steps"] == 150
+    from policies.io import load_policy
+
+    policy = load_policy(out)
+    assert (policy.config.state_dim, policy.config.action_dim, policy.config.cameras) == (STATE, ACT, ())
+    with pytest.raises(SystemExit) as exc:  # never overwrites
+        _sft(data, out, "--steps", "1")
+    assert exc.value.code == 1 and "exists" in capsys.readouterr().err
+
+
+def test_sft_on_collected_demos_then_evaluates_in_the_env(tmp_path, capsys):
+    demos = tmp_path / "demos"
+    run(["collect", "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--env.obs_mode", "state",
+         "--episodes", "2", "--output", str(demos)])
+    stats = _sft(demos, tmp_path / "policy", "--steps", "60", "--env.id", "mujoco/pick-red", "--env.obs_mode",
+                 "state", "--env.num_envs", "2", "--env.num_workers", "0", "--env.max_episode_steps", "8",
+                 "--eval_episodes", "2")
+    assert stats["sft/loss_last"] < 0.7 * stats["sft/loss_first"], stats
+    assert stats["eval/episodes"] == 2 and 0.0 <= stats["eval/success"] <= 1.0
+    assert "success" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_sft_errors_name_the_feature_and_both_shapes(tmp_path, capsys):
+    with_camera = write_lerobot_dataset(tmp_path / "cam", episodes=1, length=4, camera=8)
+    trained = tmp_path / "cam-policy"
+    _sft(with_camera, trained, "--steps", "1")
+    capsys.readouterr()
+    state_only = write_lerobot_dataset(tmp_path / "state", episodes=1, length=4)
+    capsys.readouterr()  # LeRobot's own progress bars while writing
+    with pytest.raises(SystemExit) as exc:  # the checkpoint reads a camera the dataset lacks
+        _sft(state_only, tmp_path / "x", "--steps", "1", "--policy.path", str(trained))
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 1 and len(err.splitlines()) == 1
+    assert str(state_only) in err and "'observation.images.front'" in err
+    import numpy as np
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    wide = LeRobotDataset.create(repo_id="local/wide", fps=10, root=tmp_path / "wide", use_videos=False,
+                                video_backend="pyav", features={
+        "observation.state": {"dtype": "float32", "shape": (STATE + 1,), "names": None},
+        "observation.images.front": {"dtype": "image", "shape": (8, 8, 3), "names": ["height", "width", "channels"]},
+        "action": {"dtype": "float32", "shape": (ACT,), "names": None}})
+    for _ in range(2):
+        wide.add_frame({"observation.state": np.zeros(STATE + 1, np.float32), "action": np.zeros(ACT, np.float32),
+                        "observation.images.front": np.zeros((8, 8, 3), np.uint8), "task": "t"})
+    wide.save_episode()
+    wide.finalize()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        _sft(tmp_path / "wide", tmp_path / "y", "--steps", "1", "--policy.path", str(trained))
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 1 and len(err.splitlines()) == 1
+    assert f"'observation.state' has shape ({STATE + 1},) in the dataset but the policy expects ({STATE},)" in err
+    with pytest.raises(SystemExit) as exc:
+        run(["sft", "--steps", "1"])
+    assert exc.value.code == 1 and "--dataset is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        run(["sft", "--dataset", str(state_only), "--stop_at_success", "0.5"])
+    assert exc.value.code == 2 and "--env.id" in capsys.readouterr().err
+
+
+def test_sft_updater_state_dict_resumes_exactly():
+    """Three steps, a save, a fresh updater loaded from it and three more = six steps in one go."""
+    from policies.compact.config import CompactFlowConfig
+    from policies.compact.policy import CompactFlowPolicy
+    from vla_rl.data import make_chunks
+    from vla_rl.sft import SFTConfig, SFTUpdater
+
+    gen = torch.Generator().manual_seed(0)
+    states = torch.randn(12, STATE, generator=gen)
+    data = make_chunks({"observation.state": states, "task": ["t"] * 12}, torch.tanh(states[:, :ACT]),
+                       torch.arange(12) // 6, horizon=4)
+    cfg = SFTConfig(steps=6, batch_size=4, ema=0.5)
+
+    def fresh() -> CompactFlowPolicy:
+        torch.manual_seed(0)
+        policy = CompactFlowPolicy(CompactFlowConfig(
+            cameras=(), state_dim=STATE, action_dim=ACT, chunk_size=4, width=32, heads=2, expert_layers=1,
+            text_encoder="hashed", text_buckets=64, value_hidden=16, noise_hidden=8))
+        policy.fit_normalization(*data.normalization_data())
+        return policy
+
+    def steps(updater: SFTUpdater, n: int, sampler: torch.Generator) -> list[float]:
+        return [updater.step(data.sample(4, sampler))["sft/loss"] for _ in range(n)]
+
+    torch.manual_seed(1)
+    straight = SFTUpdater(fresh(), cfg, seed=5)
+    losses = steps(straight, 6, torch.Generator().manual_seed(2))
+    torch.manual_seed(1)
+    first = SFTUpdater(fresh(), cfg, seed=5)
+    sampler = torch.Generator().manual_seed(2)
+    head = steps(first, 3, sampler)
+    state, rng = first.state_dict(), torch.get_rng_state()
+    weights = {k: v.clone() for k, v in first.policy.state_dict().items()}
+    second_policy = fresh()
+    second_policy.load_state_dict(weights)
+    second = SFTUpdater(second_policy, cfg, seed=99)
+    second.load_state_dict(state)
+    torch.set_rng_state(rng)
+    tail = steps(second, 3, sampler)
+    assert head + tail == losses and second.steps == 6
+    for a, b in zip(straight.policy.parameters(), second.policy.parameters(), strict=True):
+        assert torch.equal(a, b)
+    straight.use_ema_weights()
+    assert not all(torch.equal(a, b) for a, b in zip(straight.policy.parameters(), second.policy.parameters()))
+    with pytest.raises(ValueError, match="EMA"):
+        SFTUpdater(fresh(), SFTConfig(steps=6)).load_state_dict(state)
