@@ -18,6 +18,7 @@ import policies as _policies  # noqa: F401  (registers the policy modules)
 from policies.registry import POLICIES
 from vla_rl.algorithms import grpo as _grpo  # noqa: F401  (registers the built-in learners)
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
+from vla_rl.algorithms import sft as _sft  # noqa: F401
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.config import EnvConfig
@@ -82,6 +83,17 @@ class EvalConfig:
     """Envs tiled into the eval video."""
 
 
+@dataclass
+class DataConfig:
+    """Offline data for learners that read it (``--algo.type sft``; RaC and offline mixing later)."""
+
+    path: str = ""
+    """LeRobotDataset folder (ours or recorded with LeRobot's tools); its features are matched to the policy's
+    inputs by name (:func:`vla_rl.data.load_chunks`)."""
+    episodes: int = 0
+    """Use only the first this many episodes; 0 = all."""
+
+
 SEED_BLOCK = 1_000_000
 """Run seed ``s`` trains from seeds in ``[s * SEED_BLOCK, (s + 1) * SEED_BLOCK)``."""
 TRAIN_SEED_STRIDE = 1000
@@ -122,6 +134,7 @@ class TrainConfig:
     policy: PolicyConfig = field(default_factory=_default_policy)
     algo: LearnerConfig = field(default_factory=PPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     iterations: int = 20
     """Training iterations (collect + update)."""

@@ -25,8 +25,9 @@ from tqdm import tqdm
 from policies.base import Policy
 from policies.io import checkpoint_cameras, load_policy
 from vla_rl import checkpoint as ckpt
-from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner
+from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
+from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
 from vla_rl.evaluation import EvalResult, evaluate_policy
 from vla_rl.policy_factory import build_policy
 from vla_rl.rollout import Rollout, RolloutEngine
@@ -124,9 +125,7 @@ class Trainer:
         engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
         learner.check_env(env.spec, engine.exec_steps, cfg.reset_every_iteration)
         engine.total_env_steps = env_steps
-        if not learner.needs.env_rollouts:
-            raise ConfigError(f"algo.type={cfg.algo.type}: this learner needs {learner.needs}, which "
-                              "`vla-rl train` cannot supply yet")
+        data = self._offline_data(learner, policy)
         first = last = None
         if start_iter == 0:
             first = self._evaluate(policy, eval_env, 0, logger, "iter_000000")
@@ -137,7 +136,8 @@ class Trainer:
             t0 = time.perf_counter()
             base, _ = training_seed_range(cfg, it)
             policy.train()
-            inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration, engine=engine)
+            inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration,
+                                     engine=engine if learner.needs.env_rollouts else None, data=data)
             batch = learner.collect(inputs)
             t1 = time.perf_counter()
             stats = learner.update(batch)
@@ -169,6 +169,21 @@ class Trainer:
         if last is not None:
             self._write_eval(last, "after")
         return {"before": first, "after": last, "run_dir": str(self.run_dir), "env_steps": engine.total_env_steps}
+
+    def _offline_data(self, learner: Learner, policy: Policy) -> ChunkDataset | None:
+        """The ``data.path`` dataset as chunks of the policy's horizon, for a learner that needs
+        :attr:`Needs.DATASET`; None otherwise.
+
+        Raises:
+            ConfigError: when the learner needs data and ``data.path`` is empty; :class:`vla_rl.data.DatasetError`
+                naming the folder and feature when the dataset does not fit the policy.
+        """
+        cfg = self.cfg
+        if not learner.needs & Needs.DATASET:
+            return None
+        if not cfg.data.path:
+            raise ConfigError(f"algo.type={cfg.algo.type} trains on offline data: pass --data.path <LeRobotDataset folder>")
+        return load_chunks(cfg.data.path, policy_inputs(policy), policy.chunk_size, cfg.data.episodes)
 
     def _write_eval(self, res: EvalResult, tag: str) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

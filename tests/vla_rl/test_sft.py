@@ -140,3 +140,28 @@ def test_sft_updater_state_dict_resumes_exactly():
     assert not all(torch.equal(a, b) for a, b in zip(straight.policy.parameters(), second.policy.parameters()))
     with pytest.raises(ValueError, match="EMA"):
         SFTUpdater(fresh(), SFTConfig(steps=6)).load_state_dict(state)
+
+
+def test_the_sft_learner_trains_under_vla_rl_train_and_resumes(tmp_path):
+    """``--algo.type sft``: the same updater as ``vla-rl sft``, as a registered learner inside the training loop."""
+    demos = tmp_path / "demos"
+    run(["collect", "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--env.obs_mode", "state",
+         "--episodes", "2", "--output", str(demos)])
+    args = ["train", "--algo.type", "sft", "--data.path", str(demos), "--algo.steps_per_iter", "40",
+            "--algo.batch_size", "16", "--algo.lr", "3e-3", "--algo.steps", "120", *TINY,
+            "--env.id", "mujoco/pick-red", "--env.obs_mode", "state", "--env.num_envs", "2", "--env.num_workers", "0",
+            "--env.max_episode_steps", "8", "--eval.episodes", "2", "--eval.every", "0", "--eval.video", "false",
+            "--logging.wandb", "false", "--logging.tensorboard", "false", "--run_dir", str(tmp_path / "run")]
+    run([*args, "--iterations", "2"])
+    run([*args, "--iterations", "3", "--resume", "true"])
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["update/loss"] for r in rows if "update/loss" in r]
+    assert len(losses) == 3 and losses[-1] < 0.7 * losses[0], losses
+    assert not any("rollout/success" in r for r in rows)  # no env rollouts: it trains on the dataset only
+
+
+def test_the_sft_learner_needs_a_dataset(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run(["train", "--algo.type", "sft", *TINY, "--env.id", "mujoco/pick-red", "--env.obs_mode", "state",
+             "--env.num_workers", "0", "--run_dir", str(tmp_path / "run"), "--logging.wandb", "false"])
+    assert exc.value.code == 1 and "--data.path" in capsys.readouterr().err

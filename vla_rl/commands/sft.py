@@ -25,7 +25,8 @@ from vla_rl.data import dataset_spec, policy_inputs
 from vla_rl.evaluation import evaluate_policy
 from vla_rl.sft import SFTConfig, pretrain_on_dataset, save_sft_policy
 from vla_rl.train_config import EVAL_SEED_BASE, POLICY_CHOICES, SEED_BLOCK, PolicyConfig, TrainConfig, policy_type
-from vla_rl.trainer import build_policy, seed_everything
+from vla_rl.policy_factory import build_policy
+from vla_rl.trainer import seed_everything
 
 
 def _no_env() -> EnvConfig:

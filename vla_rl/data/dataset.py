@@ -66,7 +66,7 @@ class DatasetSpec:
 
     def policy_fields(self) -> dict[str, Any]:
         """The policy config values this dataset sizes (conventional names: ``action_dim``, ``state_dim``,
-        ``cameras``, ``image_size``), as :func:`vla_rl.trainer.spec_fields` derives them from an env."""
+        ``cameras``, ``image_size``), as :func:`vla_rl.policy_factory.spec_fields` derives them from an env."""
         out: dict[str, Any] = {"action_dim": self.action_dim, "cameras": self.cameras}
         if self.state_dim is not None:
             out["state_dim"] = self.state_dim

@@ -1,0 +1,99 @@
+"""SFT as a learner: supervised flow matching / token cross-entropy on offline chunks, inside the trainer's loop.
+
+``vla-rl train --algo.type sft --data.path DATASET`` runs ``steps_per_iter``
+gradient steps of :class:`vla_rl.sft.SFTUpdater` per iteration on minibatches
+of the dataset (any LeRobotDataset, features matched by name:
+:func:`vla_rl.data.load_chunks`), evaluates in the env as any run does, logs,
+checkpoints and resumes (the optimizer, schedule, EMA and sampling RNG are in
+the learner's state). ``vla-rl sft`` and the quickstart's pre-training run the
+same updater in a plain loop (:func:`vla_rl.sft.pretrain`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from policies.base import Policy
+from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
+from vla_rl.data.chunks import ChunkBatch
+from vla_rl.sft import SFTConfig, SFTUpdater
+
+
+@dataclass
+class SFTLearnerConfig(SFTConfig, LearnerConfig):
+    """Supervised fine-tuning on ``--data.path`` (``--algo.type sft``); ``steps`` is the cosine schedule's length
+    (keep it at ``iterations x steps_per_iter``; after it the learning rate stays at 10%) and ``episodes`` is
+    ignored (``--data.episodes`` chooses them)."""
+
+    steps_per_iter: int = 100
+    """Gradient steps per training iteration (between evaluations and checkpoints)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.steps_per_iter < 1:
+            raise ValueError(f"algo.steps_per_iter must be >= 1, got {self.steps_per_iter}")
+        if self.ema or self.stop_at_success:
+            raise ValueError("algo.ema / algo.stop_at_success: the training loop evaluates and checkpoints the live "
+                             "weights every iteration; use `vla-rl sft` for EMA weights or a success-based stop")
+
+    def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
+        import dataclasses
+
+        small = dataclasses.replace(self, steps_per_iter=min(self.steps_per_iter, 4),
+                                    batch_size=min(self.batch_size, limits.max_minibatch))
+        return small, min(num_envs, limits.max_envs)
+
+
+@register_learner("sft", SFTLearnerConfig, help="supervised fine-tuning on a LeRobotDataset (--data.path)")
+class SFTLearner(Learner):
+    """``steps_per_iter`` :class:`~vla_rl.sft.SFTUpdater` steps per iteration on the loop's offline data."""
+
+    needs = Needs.DATASET
+    uses_critic = False
+    cfg: SFTLearnerConfig
+
+    def __init__(self, cfg: SFTLearnerConfig, policy: Policy) -> None:
+        super().__init__(cfg, policy)
+        self.updater: SFTUpdater | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    def _start(self, data: Any) -> SFTUpdater:
+        """Fit the normalization on the data (first run only) and build the updater (after it, as pretrain does)."""
+        if self.iteration == 0 and self._pending_state is None:
+            self.policy.fit_normalization(*data.normalization_data())
+        updater = SFTUpdater(self.policy, self.cfg, seed=torch.initial_seed() % (2**63))
+        if self._pending_state is not None:
+            updater.load_state_dict(self._pending_state)
+            self._pending_state = None
+        return updater
+
+    def collect(self, inputs: IterationInputs) -> list[ChunkBatch]:
+        if inputs.data is None:
+            raise ValueError("algo.type=sft trains on offline data: pass --data.path DATASET")
+        if self.updater is None:
+            self.updater = self._start(inputs.data)
+        gen = self.updater.generator
+        bs = min(self.cfg.batch_size, len(inputs.data))
+        return [inputs.data.sample(bs, gen) for _ in range(self.cfg.steps_per_iter)]
+
+    def update(self, batches: list[ChunkBatch]) -> dict[str, float]:
+        assert self.updater is not None
+        sums: dict[str, float] = {}
+        for batch in batches:
+            for k, v in self.updater.step(batch).items():
+                sums[k] = sums.get(k, 0.0) + v
+        self.iteration += 1
+        return {f"update/{k.removeprefix('sft/')}": v / len(batches) for k, v in sums.items()}
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.updater.optimizer] if self.updater is not None else []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "sft": self.updater.state_dict() if self.updater is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iteration = state["iteration"]
+        self._pending_state = state.get("sft")
