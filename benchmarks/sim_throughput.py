@@ -195,7 +195,7 @@ class RawManiSkill(RawLoop):
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401  registers the tasks
 
-        from sim.backends.maniskill import ManiSkillOptions, gym_make_kwargs
+        from sim.backends.maniskill_common import ManiSkillOptions, gym_make_kwargs
 
         task = case.env_id.partition("/")[2]
         opts = ManiSkillOptions(**case.options)

@@ -64,7 +64,7 @@ from sim.core import OBS_ENV_STATE, OBS_STATE, EnvError, EnvSpec, TensorSpec, Ve
 from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.single import SingleEnv, StepOut
-from sim.vector import build_vec_env
+from sim.vectorize import build_vec_env
 
 # Steps before truncation per suite, as in the standard LIBERO evaluation
 # (OpenVLA's run_libero_eval: longest training demonstration plus a margin).

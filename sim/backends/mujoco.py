@@ -21,7 +21,7 @@ from sim.core import EnvError, VecEnv
 from sim.mujoco_tasks.tasks import MULTI, REWARD_MODES, TASK_INDEX, task_names
 from sim.options import SimOptions
 from sim.registry import ENVS, Backend
-from sim.vector import build_vec_env
+from sim.vectorize import build_vec_env
 
 CONTROL_MODES = ("ee_delta_pos",)
 PHYSICS_HZ = 200  # 1 / timestep of assets/tabletop.xml
