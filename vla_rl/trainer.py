@@ -20,7 +20,8 @@ import torch
 from tqdm import tqdm
 
 from policies.base import Policy
-from policies.io import checkpoint_cameras, checkpoint_config, load_policy
+from policies.io import checkpoint_cameras, checkpoint_config
+from policies.loading import load_policy
 from policies.registry import POLICIES
 from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
 from vla_rl import checkpoint as ckpt

@@ -13,7 +13,8 @@ from policies.base import ActMode, LogProbLevel
 from policies.compact import CompactFlowConfig, CompactFlowPolicy, TextEncoderKind
 from policies.flow.sampler import ChainReduce, SamplerConfig, SamplerKind, SdeMode
 from policies.flow.value import ValuePlacement
-from policies.io import CheckpointError, ObservationError, load_policy
+from policies.io import CheckpointError, ObservationError
+from policies.loading import load_policy
 from policies.registry import POLICIES
 
 torch.set_num_threads(1)
