@@ -33,7 +33,7 @@ from lerobot.teleoperators import TeleoperatorConfig
 from hardware.adapter import RobotAdapter
 from hardware.config_mujoco_robot import MujocoRobotConfig  # noqa: F401  (registers --robot.type mujoco_arm)
 from hardware.intervention import KeyboardListener, LeRobotTeleop, OperatorEvents, TeleopSource
-from hardware.recording import DatasetConfig, EpisodeRecorder
+from hardware.recording import DatasetConfig, RobotEpisodeRecorder
 from hardware.ros2.config import Ros2RobotConfig  # noqa: F401  (registers --robot.type ros2)
 from hardware.runner import DeployReport, DeployRunner, RunnerHook
 from hardware.safety import SafetyConfig
@@ -222,7 +222,7 @@ def run_deploy(
             closers.append(teleop.close)
         recorder = None
         if cfg.dataset.repo_id:
-            recorder = EpisodeRecorder(
+            recorder = RobotEpisodeRecorder(
                 cfg.dataset,
                 round(cfg.control_hz),
                 robot.robot_type,
