@@ -445,6 +445,8 @@ def _split_task(env_id: str, task: str) -> tuple[str, int]:
 class LiberoBackend(Backend):
     """LIBERO benchmark tasks (robosuite/MuJoCo, Panda arm), offline."""
 
+    always_renders_wrist_camera = True  # ``observation.images.wrist_image`` (eye-in-hand), no switch
+
     def tasks(self) -> list[str]:
         """``<suite>/<index>`` for every task of the five suites, from hf-libero's task table."""
         return task_ids()
