@@ -1,6 +1,6 @@
 """The import graph of the first-party packages respects the layers and has no cycles.
 
-The layers (see ``docs/architecture.md``), bottom to top::
+The layers (see README.md, "Layout"), bottom to top::
 
     vla_core                      imports no project package
     sim, policies                 vla_core only (and themselves; never each other)
