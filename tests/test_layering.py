@@ -85,24 +85,25 @@ class Import:
 
     @property
     def where(self) -> str:
-        """``path:line`` relative to the repository root."""
-        return f"{self.path.relative_to(ROOT)}:{self.lineno}"
+        """``path:line``, relative to the repository root when inside it."""
+        path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{path}:{self.lineno}"
 
     def __str__(self) -> str:
         return f"{self.where}: {self.statement}"
 
 
-def discover_modules() -> dict[str, Path]:
-    """Map every module of :data:`PACKAGES` (dotted name) to its file."""
+def discover_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Map every module of :data:`PACKAGES` under ``root`` (dotted name) to its file."""
     modules: dict[str, Path] = {}
     for package in PACKAGES:
-        base = ROOT / package
+        base = root / package
         if not base.is_dir():
             continue
         for path in sorted(base.rglob("*.py")):
             if "__pycache__" in path.parts:
                 continue
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
             modules[".".join(parts)] = path
@@ -139,7 +140,7 @@ def _first_party(name: str) -> bool:
     return name.split(".", 1)[0] in ALLOWED
 
 
-def collect_imports(modules: dict[str, Path]) -> tuple[list[Import], list[str]]:
+def collect_imports(modules: dict[str, Path], root: Path = ROOT) -> tuple[list[Import], list[str]]:
     """All first-party imports of ``modules``, and the ones that name no existing module.
 
     Returns ``(imports, unresolved)``: ``unresolved`` lists, as ``file:line: statement``,
@@ -153,7 +154,7 @@ def collect_imports(modules: dict[str, Path]) -> tuple[list[Import], list[str]]:
         is_package = path.name == "__init__.py"
         for node, type_only in _import_nodes(tree):
             statement = " ".join((ast.get_source_segment(source, node) or "").split())
-            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            where = f"{path.relative_to(root)}:{node.lineno}"
             targets: list[str] = []  # dotted names, checked against ``modules`` below
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names if _first_party(alias.name)]
@@ -353,3 +354,32 @@ def test_layer_check_reports_upward_and_sideways() -> None:
     assert len(problems) == 2
     assert "tests/test_layering.py:3: from vla_rl.config import EnvConfig" in problems[0]
     assert "[policies -> sim;" in problems[1]
+
+
+def test_collector_resolves_relative_lazy_and_type_only_imports(tmp_path: Path) -> None:
+    """The checker itself, on a made-up tree: relative imports, submodule vs attribute, lazy and type-only."""
+    files = {
+        "sim/__init__.py": "",
+        "sim/a.py": "from . import b\nfrom .b import helper\n",
+        "sim/b.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from vla_rl.x import T\n"
+            "def f():\n    from sim import a\n"
+        ),
+        "vla_rl/__init__.py": "",
+        "vla_rl/x.py": "import sim.a\nfrom sim.nope import z\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    imports, unresolved = collect_imports(discover_modules(tmp_path), tmp_path)
+    edges = {(i.importer, i.target, i.type_only) for i in imports}
+    assert edges == {
+        ("sim.a", "sim.b", False),  # ``from . import b``: b is a module
+        ("sim.b", "vla_rl.x", True),
+        ("sim.b", "sim.a", False),  # lazy, inside f
+        ("vla_rl.x", "sim.a", False),
+    }
+    assert unresolved == ["vla_rl/x.py:2: from sim.nope import z (sim.nope is not a module of this repository)"]
+    assert [[i.importer for i in c] for c in find_cycles(imports)] == [["sim.a", "sim.b"]]
+    assert [p.split("  [")[0] for p in layer_violations(imports)] == [f"{tmp_path}/sim/b.py:3: from vla_rl.x import T"]

@@ -8,7 +8,9 @@ from vla_rl.config import ConfigError, EnvConfig
 
 
 def test_wrist_camera_on_a_backend_without_one_names_those_that_have_one():
-    want = r"maniskill/PickCube-v1 has no optional wrist camera \(these have: .*mujoco/\*.*always render one: .*libero/\*"
+    want = (
+        r"maniskill/PickCube-v1 has no optional wrist camera \(these have: .*mujoco/\*.*always render one: .*libero/\*"
+    )
     with pytest.raises(ConfigError, match=want):
         EnvConfig(id="maniskill/PickCube-v1", wrist_camera=True).make()
 
