@@ -41,7 +41,7 @@ from hardware.scheduling import ChunkConfig
 from hardware.timing import TABLE_HEADER
 from hardware.watchdog import EStop
 from policies.base import ActMode, Policy
-from policies.io import CONFIG_FILE, CheckpointError
+from policies.io import CONFIG_FILE, CheckpointError, checkpoint_type
 from policies.loading import load_policy
 from vla_core.registry import Registry, RegistryError
 
@@ -158,10 +158,14 @@ def load_deploy_policy(path: str | Path, type_override: str = "", device: str = 
         raise FileNotFoundError(
             f"policy.path {str(path)!r}: no {CONFIG_FILE} there; pass a folder saved by save_pretrained"
         )
+    kind = type_override
+    if not kind:
+        try:
+            kind = checkpoint_type(folder)
+        except CheckpointError as exc:  # a ValueError: no string "type" in config.json
+            raise ValueError(f"{exc}; set --policy.type") from None
     try:
-        policy = load_policy(folder, policy_type=type_override)
-    except CheckpointError as exc:
-        raise ValueError(f"{exc}; set --policy.type") from None
+        policy = load_policy(folder, policy_type=kind)
     except RegistryError as exc:
         raise ValueError(f"policy.type / {cfg_file} 'type': {exc}") from None
     return policy.to(device).eval()
