@@ -195,7 +195,7 @@ class RawManiSkill(RawLoop):
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401  registers the tasks
 
-        from sim.backends.maniskill import ManiSkillOptions, gym_make_kwargs
+        from sim.backends.maniskill_common import ManiSkillOptions, gym_make_kwargs
 
         task = case.env_id.partition("/")[2]
         opts = ManiSkillOptions(**case.options)
@@ -286,10 +286,10 @@ class RawMujoco(RawLoop):
 
     def __init__(self, case: Case, seed: int, action_seed: int) -> None:
         from sim.backends.mujoco import MujocoOptions
-        from sim.mujoco_tasks.env import EnvConfig, TabletopEnv
+        from sim.mujoco_tasks.env import TabletopConfig, TabletopEnv
 
         o = MujocoOptions(**case.options)
-        cfg = EnvConfig(
+        cfg = TabletopConfig(
             env_id=case.env_id,
             task=case.env_id.partition("/")[2],
             multi_tasks=tuple(o.multi_tasks),

@@ -33,7 +33,7 @@ from lerobot.teleoperators import TeleoperatorConfig
 from hardware.adapter import RobotAdapter
 from hardware.config_mujoco_robot import MujocoRobotConfig  # noqa: F401  (registers --robot.type mujoco_arm)
 from hardware.intervention import KeyboardListener, LeRobotTeleop, OperatorEvents, TeleopSource
-from hardware.recording import DatasetConfig, EpisodeRecorder
+from hardware.recording import DatasetConfig, RobotEpisodeRecorder
 from hardware.ros2.config import Ros2RobotConfig  # noqa: F401  (registers --robot.type ros2)
 from hardware.runner import DeployReport, DeployRunner, RunnerHook
 from hardware.safety import SafetyConfig
@@ -41,16 +41,16 @@ from hardware.scheduling import ChunkConfig
 from hardware.timing import TABLE_HEADER
 from hardware.watchdog import EStop
 from policies.base import ActMode, Policy
-from vla_core.registry import Registry
+from policies.io import CONFIG_FILE, CheckpointError, checkpoint_type
+from policies.loading import load_policy
+from vla_core.registry import Registry, RegistryError
 
 log = logging.getLogger(__name__)
 
-POLICY_TYPE_KEY = "type"
-
 
 @dataclass
-class PolicyConfig:
-    """Which policy to run."""
+class DeployPolicyConfig:
+    """Which policy to run on the robot (``--policy.*`` of ``vla-rl deploy``)."""
 
     path: str = ""
     """Checkpoint folder; its ``config.json`` names the policy under ``"type"``."""
@@ -68,7 +68,7 @@ class DeployConfig:
 
     robot: RobotConfig
     """``--robot.type``: any LeRobot robot type (``so101_follower``, ``koch_follower``, ...), ``ros2`` or ``mujoco_arm``."""
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    policy: DeployPolicyConfig = field(default_factory=DeployPolicyConfig)
     """The policy checkpoint."""
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     """Joint limits, step limits, workspace box, watchdog, e-stop."""
@@ -138,36 +138,36 @@ def make_adapter(robot: RobotConfig) -> RobotAdapter:
 # -- policies ----------------------------------------------------------------------------------------
 
 
-def load_policy(path: str | Path, type_override: str = "", device: str = "cpu") -> Policy:
-    """Load a policy checkpoint folder by the type saved in its ``config.json``.
+def load_deploy_policy(path: str | Path, type_override: str = "", device: str = "cpu") -> Policy:
+    """Load the policy to deploy: :func:`policies.loading.load_policy`, on ``device``, in eval mode.
 
-    The folder must hold ``config.json`` with ``"type": "<registered name>"``
-    (``type_override`` replaces it); ``POLICIES.get(type).obj.from_pretrained(path)``
-    builds the policy.
+    On top of :func:`policies.loading.load_policy` this registers the bring-up
+    policy (:mod:`hardware.testing`'s ``tiny-joint``), moves the policy to
+    ``device``, switches it to eval mode, and phrases errors in terms of the
+    ``--policy.*`` options.
 
     Raises:
         FileNotFoundError: naming ``policy.path`` when the folder or its config is missing.
         ValueError: naming the file when ``"type"`` is missing, or the type is unknown (listing the valid ones).
     """
     import hardware.testing  # noqa: F401  (registers the tiny-joint bring-up policy)
-    import policies  # noqa: F401
-    from policies.registry import POLICIES
 
     folder = Path(path)
-    cfg_file = folder / "config.json"
+    cfg_file = folder / CONFIG_FILE
     if not cfg_file.is_file():
         raise FileNotFoundError(
-            f"policy.path {str(path)!r}: no config.json there; pass a folder saved by save_pretrained"
+            f"policy.path {str(path)!r}: no {CONFIG_FILE} there; pass a folder saved by save_pretrained"
         )
     kind = type_override
     if not kind:
-        saved = json.loads(cfg_file.read_text())
-        kind = saved.get(POLICY_TYPE_KEY, "")
-        if not isinstance(kind, str) or not kind:
-            raise ValueError(f"{cfg_file}: no string key {POLICY_TYPE_KEY!r} naming the policy type; set --policy.type")
-    if kind not in POLICIES:
-        raise ValueError(f"policy.type / {cfg_file} 'type': {POLICIES.unknown_message(kind)}")
-    policy = POLICIES.get(kind).obj.from_pretrained(folder)
+        try:
+            kind = checkpoint_type(folder)
+        except CheckpointError as exc:  # a ValueError: no string "type" in config.json
+            raise ValueError(f"{exc}; set --policy.type") from None
+    try:
+        policy = load_policy(folder, policy_type=kind)
+    except RegistryError as exc:
+        raise ValueError(f"policy.type / {cfg_file} 'type': {exc}") from None
     return policy.to(device).eval()
 
 
@@ -198,7 +198,7 @@ def run_deploy(
     if policy is None:
         if not cfg.policy.path:
             raise ValueError("policy.path is required (a checkpoint folder)")
-        policy = load_policy(cfg.policy.path, cfg.policy.type, cfg.policy.device)
+        policy = load_deploy_policy(cfg.policy.path, cfg.policy.type, cfg.policy.device)
     robot = make_adapter(cfg.robot)
     estop = estop or EStop()
     events = events or OperatorEvents(estop, cfg.safety.estop_key, cfg.safety.clear_key)
@@ -226,7 +226,7 @@ def run_deploy(
             closers.append(teleop.close)
         recorder = None
         if cfg.dataset.repo_id:
-            recorder = EpisodeRecorder(
+            recorder = RobotEpisodeRecorder(
                 cfg.dataset,
                 round(cfg.control_hz),
                 robot.robot_type,

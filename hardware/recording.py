@@ -61,8 +61,14 @@ def dataset_features(
     return feats
 
 
-class EpisodeRecorder:
-    """Buffers frames of the current episode and saves or discards it.
+class RobotEpisodeRecorder:
+    """Buffers frames of the current robot episode and saves or discards it.
+
+    Not :class:`sim.dataset.EpisodeRecorder`: that one records the sim contract
+    (an :class:`sim.core.EnvSpec`, reward and success per frame, written atomically
+    via a ``.partial`` folder); this one records a robot's layout (named joints and
+    state), the command as sent, who was in control and whether the safety envelope
+    changed the command.
 
     Args:
         cfg: dataset settings (``repo_id`` must be set).

@@ -33,7 +33,7 @@ import torch
 from hardware.adapter import RobotAdapter, RobotObservation
 from hardware.guard import GuardedRobot
 from hardware.intervention import OperatorEvents, TeleopSource
-from hardware.recording import EpisodeRecorder
+from hardware.recording import RobotEpisodeRecorder
 from hardware.safety import SafetyConfig, SafetyEnvelope, Violation
 from hardware.scheduling import ChunkConfig, ChunkScheduler, PolicyWorker
 from hardware.timing import LatencySummary, LoopTimer
@@ -164,7 +164,7 @@ class DeployRunner:
         safety: SafetyConfig | None = None,
         chunk: ChunkConfig | None = None,
         dry_run: bool = False,
-        recorder: EpisodeRecorder | None = None,
+        recorder: RobotEpisodeRecorder | None = None,
         events: OperatorEvents | None = None,
         estop: EStop | None = None,
         teleop: TeleopSource | None = None,

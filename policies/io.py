@@ -7,8 +7,8 @@ import ``sim``): ``observation.images.<camera>`` ``uint8 [B, H, W, 3]``,
 A checkpoint folder holds ``config.json`` (the policy config plus ``"type"``,
 the :data:`policies.registry.POLICIES` name) and ``model.safetensors``; it is
 written to a temporary sibling folder and renamed into place, so a crash never
-leaves a half-written checkpoint. :func:`load_policy` reads ``"type"`` and
-dispatches through the registry.
+leaves a half-written checkpoint. :func:`checkpoint_type` reads ``"type"``;
+:func:`policies.loading.load_policy` dispatches on it through the registry.
 """
 
 from __future__ import annotations
@@ -213,15 +213,3 @@ def checkpoint_type(directory: str | Path) -> str:
     if not isinstance(kind, str):
         raise CheckpointError(f"{path}: missing the string key 'type' (the policy registry name)")
     return kind
-
-
-def load_policy(directory: str | Path, **overrides: Any) -> Any:
-    """Load any registered policy from its checkpoint folder (dispatch on ``config.json["type"]``).
-
-    Raises:
-        CheckpointError: for a folder without a config; RegistryError for an unknown type.
-    """
-    import policies  # noqa: F401  (registers every policy module)
-    from policies.registry import POLICIES
-
-    return POLICIES.get(checkpoint_type(directory)).obj.from_pretrained(directory, **overrides)

@@ -1,7 +1,7 @@
 """The policy registry: ``@POLICIES.register("compact-flow", config=CompactFlowConfig)``.
 
 Every checkpoint folder holds a ``config.json`` whose ``"type"`` key names the
-registered policy, so :func:`policies.io.load_policy` needs nothing but the path.
+registered policy, so :func:`policies.loading.load_policy` needs nothing but the path.
 """
 
 from __future__ import annotations

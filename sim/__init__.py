@@ -17,7 +17,15 @@ from sim.core import (
     image_key,
 )
 from sim.options import SimOptions
-from sim.registry import ENVS, Backend, list_envs, make_env
+from sim.registry import (
+    ENVS,
+    Backend,
+    WristCamera,
+    backends_with_wrist_camera,
+    list_envs,
+    make_env,
+    wrist_camera_support,
+)
 
 # Importing a backend module registers it; simulators themselves load lazily.
 from sim.backends import gym_hil, libero, maniskill, mujoco, so101  # noqa: E402,F401  isort: skip
@@ -35,7 +43,10 @@ __all__ = [
     "SimOptions",
     "TensorSpec",
     "VecEnv",
+    "WristCamera",
+    "backends_with_wrist_camera",
     "image_key",
     "list_envs",
     "make_env",
+    "wrist_camera_support",
 ]

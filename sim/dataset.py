@@ -1,7 +1,8 @@
 """Record episodes of the observation/action contract into a LeRobotDataset v3.
 
-Used by ``vla-rl collect`` (scripted-expert demos), by the hardware runner
-(episodes on a robot) and by intervention capture. Frames carry LeRobot's
+Used by ``vla-rl collect`` (scripted-expert demos). (Robot deployments record
+with :class:`hardware.recording.RobotEpisodeRecorder`, which stores a robot's
+joint layout and intervention flags instead.) Frames carry LeRobot's
 keys: ``observation.images.<cam>`` (stored as PNG images, no video codec
 needed), ``observation.state``, ``action``, ``task`` plus ``next.reward``,
 ``next.success`` and any extra per-frame fields declared up front (for example

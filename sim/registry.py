@@ -10,20 +10,45 @@ A backend registers under the prefix of its env ids (``maniskill``,
 
 Backend modules import their simulator lazily, inside ``make``, so listing
 env ids never imports SAPIEN, robosuite or MuJoCo.
+
+Callers ask a backend what it can do (:func:`wrist_camera_support`) instead of
+testing env-id prefixes.
 """
 
 from __future__ import annotations
 
 import abc
 import difflib
+import enum
+from dataclasses import fields
+from typing import ClassVar
 
 from sim.core import EnvError, VecEnv
 from sim.options import SimOptions
 from vla_core.registry import Registry
 
 
+class WristCamera(enum.Enum):
+    """Whether a backend's envs have a wrist camera, and what switches it on."""
+
+    NONE = "none"
+    """No wrist camera; a ``wrist_camera`` option is rejected."""
+    OPTIONAL = "optional"
+    """The options' ``wrist_camera`` field switches it on."""
+    ALWAYS = "always"
+    """Rendered in every ``rgb`` observation; there is no switch (and no ``wrist_camera`` option)."""
+
+
 class Backend(abc.ABC):
-    """One family of envs, addressed as ``<prefix>/<task>``."""
+    """One family of envs, addressed as ``<prefix>/<task>``.
+
+    Attributes:
+        always_renders_wrist_camera: class-level capability: every ``rgb``
+            observation holds a wrist camera, with no option to turn it off
+            (see :func:`wrist_camera_support`).
+    """
+
+    always_renders_wrist_camera: ClassVar[bool] = False
 
     @abc.abstractmethod
     def tasks(self) -> list[str]:
@@ -35,6 +60,30 @@ class Backend(abc.ABC):
 
 
 ENVS: Registry[type[Backend]] = Registry("env backend")
+
+
+def wrist_camera_support(env_id: str) -> WristCamera:
+    """How the backend of ``env_id`` (``<backend>/<task>``) provides a wrist camera.
+
+    :attr:`WristCamera.ALWAYS` when the backend class sets
+    ``always_renders_wrist_camera``, :attr:`WristCamera.OPTIONAL` when its options
+    dataclass has a ``wrist_camera`` field, else :attr:`WristCamera.NONE` (also for
+    an unknown backend; :func:`make_env` reports those).
+    """
+    prefix = env_id.partition("/")[0]
+    if prefix not in ENVS:
+        return WristCamera.NONE
+    entry = ENVS.get(prefix)
+    if entry.obj.always_renders_wrist_camera:
+        return WristCamera.ALWAYS
+    if entry.config is not None and "wrist_camera" in {f.name for f in fields(entry.config)}:
+        return WristCamera.OPTIONAL
+    return WristCamera.NONE
+
+
+def backends_with_wrist_camera(support: WristCamera) -> list[str]:
+    """The registered backend names whose wrist camera is ``support``, sorted (for messages)."""
+    return [e.name for e in ENVS if wrist_camera_support(f"{e.name}/") is support]
 
 
 def list_envs() -> list[str]:

@@ -291,15 +291,3 @@ def run_chunk(
             if last:
                 _write(obs_bufs, row, obs)
     return reward, flags, terms, texts
-
-
-def build_vec_env(
-    factories: Sequence[EnvFactory], env_id: str, num_workers: int, context: str = "forkserver",
-    spin: bool | None = None,
-) -> VecEnv:
-    """``SerialVecEnv`` when ``num_workers == 0``, else ``ProcessVecEnv`` (``spin``: see there)."""
-    if num_workers <= 0:
-        return SerialVecEnv(factories, env_id)
-    from sim.vector_process import ProcessVecEnv
-
-    return ProcessVecEnv(factories, env_id, num_workers, context, spin=spin)

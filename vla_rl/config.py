@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from sim import VecEnv, make_env
+from sim import VecEnv, WristCamera, backends_with_wrist_camera, make_env, wrist_camera_support
 
 
 class ConfigError(ValueError):
@@ -41,19 +41,14 @@ class EnvConfig:
     control_mode: str = ""
     """Controller name; empty = the backend's default (end-effector delta pose)."""
     wrist_camera: bool = False
-    """Also emit ``observation.images.wrist`` (``mujoco/*``; LIBERO always does; others reject it)."""
+    """Also emit ``observation.images.wrist``: for backends with an optional wrist camera; ignored by those
+    that always render one; others reject it (``sim.wrist_camera_support``)."""
     spin_wait: str = "auto"
     """With env workers, busy-poll for replies instead of sleeping: ``on``, ``off``, ``auto`` (if they fit the CPUs)."""
 
     def has_optional_wrist_camera(self) -> bool:
         """Whether the backend of ``id`` has a wrist camera that ``wrist_camera`` switches on."""
-        from sim.registry import ENVS
-
-        prefix = self.id.partition("/")[0]
-        entry = ENVS.get(prefix) if prefix in ENVS else None
-        if entry is None or entry.config is None:
-            return False
-        return "wrist_camera" in {f.name for f in fields(entry.config)}
+        return wrist_camera_support(self.id) is WristCamera.OPTIONAL
 
     def with_policy_cameras(self, cameras: Sequence[str] | None, policy: str) -> EnvConfig:
         """This config with the optional wrist camera turned on (and a note printed) when the policy ``policy``
@@ -66,11 +61,14 @@ class EnvConfig:
     def make(self, num_envs: int | None = None, seed: int | None = None) -> VecEnv:
         """Build the env (``num_envs`` / ``seed`` override the config's)."""
         options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "num_envs", "seed")}
-        if not self.wrist_camera or self.id.startswith("libero/"):  # LIBERO always renders its wrist camera
+        support = wrist_camera_support(self.id)
+        if not self.wrist_camera or support is WristCamera.ALWAYS:  # no switch to pass when it always renders
             options.pop("wrist_camera")
-        elif not self.has_optional_wrist_camera():
-            raise ConfigError(f"env.wrist_camera: {self.id} has no optional wrist camera (mujoco/* has; "
-                              "libero/* always renders one)")
+        elif support is not WristCamera.OPTIONAL:
+            optional = ", ".join(f"{b}/*" for b in backends_with_wrist_camera(WristCamera.OPTIONAL))
+            always = ", ".join(f"{b}/*" for b in backends_with_wrist_camera(WristCamera.ALWAYS))
+            raise ConfigError(f"env.wrist_camera: {self.id} has no optional wrist camera (these have: {optional}; "
+                              f"these always render one: {always or 'none'})")
         return make_env(
             self.id, num_envs=self.num_envs if num_envs is None else num_envs,
             seed=self.seed if seed is None else seed, **options,

@@ -15,7 +15,8 @@ from typing import Any
 import draccus
 
 from policies.base import Policy
-from policies.io import checkpoint_config, load_policy
+from policies.io import checkpoint_config
+from policies.loading import load_policy
 from policies.registry import POLICIES
 from policies.smoke import SMOKE_VARIANTS
 from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec

@@ -23,7 +23,8 @@ import torch
 from tqdm import tqdm
 
 from policies.base import Policy
-from policies.io import checkpoint_cameras, load_policy
+from policies.io import checkpoint_cameras
+from policies.loading import load_policy
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir

@@ -254,16 +254,23 @@ class PrefixEncoder(nn.Module):
 def flow_matching_loss(velocity: Tensor, noise: Tensor, actions: Tensor, mask: Tensor | None = None) -> Tensor:
     """The conditional flow-matching loss ``mean |v - (noise - actions)|^2``.
 
+    ``velocity`` is the model's ``v(x_t, t, obs)`` at ``x_t = t noise + (1 - t) actions``
+    (pi0 convention: ``t = 1`` is noise), whose time derivative ``noise - actions``
+    is the regression target. The mean runs over the action dims of every valid step.
+
     Args:
-        velocity: ``[B, H, A]`` predicted velocity at ``x_t = t noise + (1 - t) actions``.
-        noise, actions: ``[B, H, A]``.
-        mask: optional ``[B, H]`` bool of valid action steps (padding excluded).
+        velocity: ``[B, H, A]`` predicted velocity (differentiable).
+        noise, actions: ``[B, H, A]`` the noise ``x_1`` and the clean action chunk ``x_0``.
+        mask: optional ``[B, H]`` bool of valid action steps; padded steps count neither
+            in the loss nor in its gradient, even when they hold ``nan``.
 
     Returns:
-        Scalar loss.
+        Scalar loss (0 when the mask selects nothing).
     """
-    err = F.mse_loss(velocity, noise - actions, reduction="none").mean(-1)
+    diff = velocity - (noise - actions)
     if mask is None:
-        return err.mean()
-    m = mask.to(err.dtype)
-    return (err * m).sum() / m.sum().clamp_min(1.0)
+        return diff.pow(2).mean()
+    valid = mask.to(torch.bool)
+    diff = torch.where(valid[..., None], diff, torch.zeros_like(diff))  # no nan from padding, in value or gradient
+    err = diff.pow(2).mean(-1)
+    return err.sum() / valid.sum().clamp_min(1).to(err.dtype)

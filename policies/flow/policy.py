@@ -27,7 +27,7 @@ from policies.flow.sampler import (
     chain_log_prob,
     sample_chain,
 )
-from policies.flow.value import StateValueHead, ValueHead, ValuePlacement, masked_mean
+from policies.flow.value import StateValueHead, ValueHead, ValuePlacement, mean_pool_tokens
 
 
 @dataclass
@@ -192,7 +192,7 @@ class FlowPolicy(Policy):
         if self.value_placement is ValuePlacement.PREFIX:
             if ctx.prefix_features is None:
                 raise ValueError(f"{type(self).__name__}: value placement 'prefix' needs prefix features")
-            return self.value_head(masked_mean(ctx.prefix_features, ctx.prefix_mask))
+            return self.value_head(mean_pool_tokens(ctx.prefix_features, ctx.prefix_mask))
         x = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
         t = torch.ones(ctx.batch_size, device=self.device)
         features = ctx.velocity(x, t).features

@@ -80,8 +80,13 @@ class StateValueHead(nn.Module):
         return self.net(state.float()).squeeze(-1)
 
 
-def masked_mean(features: Tensor, mask: Tensor | None) -> Tensor:
-    """Mean of ``features [B, N, D]`` over tokens where ``mask [B, N]`` is true (all if None)."""
+def mean_pool_tokens(features: Tensor, mask: Tensor | None) -> Tensor:
+    """Pool token features per sample: ``features [B, N, D] -> [B, D]`` (float32).
+
+    Averages each sample's tokens where ``mask [B, N]`` is true (every token if
+    None); a sample with no valid token pools to zeros. A pooling layer, not a
+    loss reduction (that is ``vla_rl.algorithms.advantages.masked_mean``).
+    """
     if mask is None:
         return features.float().mean(1)
     m = mask.to(torch.float32).unsqueeze(-1)

@@ -36,7 +36,7 @@ import numpy as np
 from sim.backends.packaged_gym import PackagedGymOptions
 from sim.core import VecEnv
 from sim.registry import ENVS, Backend
-from sim.vector import build_vec_env
+from sim.vectorize import build_vec_env
 
 INSTALL = "gym-hil==0.1.14"
 TASKS = {

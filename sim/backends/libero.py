@@ -64,7 +64,7 @@ from sim.core import OBS_ENV_STATE, OBS_STATE, EnvError, EnvSpec, TensorSpec, Ve
 from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.single import SingleEnv, StepOut
-from sim.vector import build_vec_env
+from sim.vectorize import build_vec_env
 
 # Steps before truncation per suite, as in the standard LIBERO evaluation
 # (OpenVLA's run_libero_eval: longest training demonstration plus a margin).
@@ -444,6 +444,8 @@ def _split_task(env_id: str, task: str) -> tuple[str, int]:
 @ENVS.register("libero", config=LiberoOptions)
 class LiberoBackend(Backend):
     """LIBERO benchmark tasks (robosuite/MuJoCo, Panda arm), offline."""
+
+    always_renders_wrist_camera = True  # ``observation.images.wrist_image`` (eye-in-hand), no switch
 
     def tasks(self) -> list[str]:
         """``<suite>/<index>`` for every task of the five suites, from hf-libero's task table."""

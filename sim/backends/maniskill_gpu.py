@@ -3,7 +3,7 @@
 :class:`ManiSkillGPUVecEnv` implements :class:`sim.core.VecEnv` directly over
 one ``gym.make(task, num_envs=N, sim_backend="physx_cuda")`` env. Observation
 keys, shapes and instructions are those of the CPU path
-(:mod:`sim.backends.maniskill`); tensors stay on the simulator's CUDA device
+(:mod:`sim.backends.maniskill`, sharing :mod:`sim.backends.maniskill_common`); tensors stay on the simulator's CUDA device
 (observations, reward, flags, ``info``) so a GPU policy reads them without a
 copy. Ended envs are reset in the same ``step`` (ManiSkill partial reset with
 ``options["env_idx"]``); ``info["final_obs"]`` keeps their last observation.
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sim.backends.maniskill import (
+from sim.backends.maniskill_common import (
     DEFAULT_CONTROL_MODE,
     ManiSkillOptions,
     action_spec,

@@ -21,7 +21,7 @@ from sim.core import EnvError, VecEnv
 from sim.mujoco_tasks.tasks import MULTI, REWARD_MODES, TASK_INDEX, task_names
 from sim.options import SimOptions
 from sim.registry import ENVS, Backend
-from sim.vector import build_vec_env
+from sim.vectorize import build_vec_env
 
 CONTROL_MODES = ("ee_delta_pos",)
 PHYSICS_HZ = 200  # 1 / timestep of assets/tabletop.xml
@@ -103,13 +103,13 @@ class MujocoBackend(Backend):
             EnvError: for ``multi_tasks`` given to a single-task id, or if the
                 scene cannot be built (gym-hil missing).
         """
-        from sim.mujoco_tasks.env import EnvConfig, TabletopEnv
+        from sim.mujoco_tasks.env import TabletopConfig, TabletopEnv
 
         env_id = f"mujoco/{task}"
         if options.multi_tasks and task != MULTI:
             raise EnvError(f"{env_id}: multi_tasks only applies to mujoco/{MULTI}")
         subset = SKILL_SUBSETS.get(task, tuple(options.multi_tasks))
-        cfg = EnvConfig(
+        cfg = TabletopConfig(
             env_id=env_id,
             task=MULTI if task in SKILL_SUBSETS else task,
             multi_tasks=subset,

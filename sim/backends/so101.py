@@ -34,7 +34,7 @@ import numpy as np
 from sim.backends.packaged_gym import PackagedGymOptions
 from sim.core import VecEnv
 from sim.registry import ENVS, Backend
-from sim.vector import build_vec_env
+from sim.vectorize import build_vec_env
 
 INSTALL = "lerobot-env-so101==0.4.0"
 TASKS = {

@@ -56,8 +56,8 @@ HOME_JITTER = 0.02  # m, the arm starts within this box around HOME_POS
 
 
 @dataclass(frozen=True)
-class EnvConfig:
-    """Everything one env needs, picklable (it travels to worker processes).
+class TabletopConfig:
+    """Everything one :class:`TabletopEnv` needs, picklable (it travels to worker processes).
 
     Attributes:
         env_id: the full id, e.g. ``mujoco/pick-red``.
@@ -97,7 +97,7 @@ class TabletopEnv(SingleEnv):
             physics timestep does not divide.
     """
 
-    def __init__(self, cfg: EnvConfig) -> None:
+    def __init__(self, cfg: TabletopConfig) -> None:
         self.cfg = cfg
         if cfg.reward_mode not in REWARD_MODES:
             raise EnvError(f"{cfg.env_id}: reward_mode must be one of {REWARD_MODES}, got {cfg.reward_mode!r}")

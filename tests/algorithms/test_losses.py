@@ -9,8 +9,6 @@ import torch
 
 from vla_rl.algorithms.losses import (
     entropy_bonus,
-    flow_matching_interpolate,
-    flow_matching_loss,
     kl_k3,
     ppo_policy_loss,
     tpo_loss,
@@ -271,50 +269,6 @@ def test_tpo_loss_rejects_bad_inputs() -> None:
         tpo_loss(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2), 0.1)
 
 
-# ----------------------------------------------------------------------------- flow matching
-
-
-def test_flow_matching_loss_hand_computed() -> None:
-    actions = t64([[[1.0, 2.0], [0.0, -1.0]]])  # [B=1, H=2, A=2]
-    noise = t64([[[0.0, 1.0], [1.0, 1.0]]])
-    # target u = noise - actions = [[-1, -1], [1, 2]]; prediction off by [[1, 0], [2, 2]]
-    pred = t64([[[0.0, -1.0], [3.0, 4.0]]]).requires_grad_(True)
-    loss = flow_matching_loss(pred, noise, actions)
-    torch.testing.assert_close(loss, t64((1.0 + 0.0 + 4.0 + 4.0) / 4))
-    loss.backward()
-    torch.testing.assert_close(pred.grad, t64([[[0.5, 0.0], [1.0, 1.0]]]))  # 2 * diff / 4
-    # mask out the padded second action step: only [1, 0] counts -> 1 / 2
-    pred_padded = pred.detach().clone()
-    pred_padded[0, 1] = NAN
-    masked = flow_matching_loss(pred_padded, noise, actions, mask=torch.tensor([[True, False]]))
-    torch.testing.assert_close(masked, t64(0.5))
-
-
-def test_flow_matching_interpolate_matches_pi0_convention() -> None:
-    noise, actions = t64([[[2.0, -1.0]]]), t64([[[0.5, 3.0]]])
-    torch.testing.assert_close(flow_matching_interpolate(noise, actions, t64([1.0])), noise)
-    torch.testing.assert_close(flow_matching_interpolate(noise, actions, t64([0.0])), actions)
-    torch.testing.assert_close(flow_matching_interpolate(noise, actions, t64([0.25])), t64([[[0.875, 2.0]]]))
-    # d x_t / d t is the flow-matching target u = noise - actions: a perfect predictor has zero loss.
-    time = t64([0.3]).requires_grad_(True)
-    x_t = flow_matching_interpolate(noise, actions, time)
-    (d_xt_dt,) = torch.autograd.grad(x_t.sum(), time)
-    torch.testing.assert_close(d_xt_dt, (noise - actions).sum().reshape(1))
-    torch.testing.assert_close(flow_matching_loss(noise - actions, noise, actions), t64(0.0))
-
-
-def test_flow_matching_rejects_bad_inputs() -> None:
-    x = torch.zeros(2, 3, 4)
-    with pytest.raises(ValueError, match=r"actions shape \(2, 3, 5\) must equal predicted_velocity shape"):
-        flow_matching_loss(x, x, torch.zeros(2, 3, 5))
-    with pytest.raises(ValueError, match=r"predicted_velocity must be \[B, H, A\]"):
-        flow_matching_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3))
-    with pytest.raises(ValueError, match=r"mask shape \(2, 4\)"):
-        flow_matching_loss(x, x, x, mask=torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"time shape \(3,\) must be \[B\]"):
-        flow_matching_interpolate(x, x, torch.zeros(3))
-
-
 def test_all_losses_have_finite_gradients_on_random_inputs() -> None:
     g = torch.Generator().manual_seed(2)
     v = torch.randn(16, generator=g).requires_grad_(True)
@@ -323,8 +277,7 @@ def test_all_losses_have_finite_gradients_on_random_inputs() -> None:
     tl, _ = tpo_loss(lp, torch.randn(6, generator=g), torch.randn(6, generator=g), torch.randn(6, generator=g), 0.1)
     kl = kl_k3(lp, torch.randn(6, generator=g))
     pv = torch.randn(2, 3, 4, generator=g).requires_grad_(True)
-    fl = flow_matching_loss(pv, torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g))
     ent = entropy_bonus(pv.abs(), 0.005)
-    (vl + tl + kl + fl + ent).backward()
+    (vl + tl + kl + ent).backward()
     for grad in (v.grad, lp.grad, pv.grad):
         assert grad is not None and torch.isfinite(grad).all()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hardware.deploy import DeployConfig, load_policy, make_adapter, normalize_args, parse_config, run_deploy
+from hardware.deploy import DeployConfig, load_deploy_policy, make_adapter, normalize_args, parse_config, run_deploy
 from hardware.lerobot_adapter import LeRobotAdapter
 from hardware.ros2.config import CommandType, Ros2RobotConfig
 from hardware.ros2.convert import MessageError, decode_compressed, decode_image, encode_compressed, joint_index, resize
@@ -80,11 +80,11 @@ def test_normalize_args_accepts_dashed_dry_run():
     assert normalize_args(["--dry-run", "--dry-run=false", "--x=1"]) == ["--dry_run=true", "--dry_run=false", "--x=1"]
 
 
-def test_load_policy_by_saved_type(tmp_path):
+def test_load_deploy_policy_by_saved_type(tmp_path):
     policy = TinyJointPolicy.build(4, 3, chunk_size=5, seed=3)
     policy.save_pretrained(tmp_path / "ckpt")
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["type"] == "tiny-joint"
-    loaded = load_policy(tmp_path / "ckpt")
+    loaded = load_deploy_policy(tmp_path / "ckpt")
     obs = {OBS_STATE: torch.randn(2, 4), TASK: ["a", "b"]}
     a = policy.act(obs, ActMode.EVAL).actions
     b = loaded.act(obs, ActMode.EVAL).actions
@@ -95,15 +95,15 @@ def test_load_policy_by_saved_type(tmp_path):
     torch.testing.assert_close(logp, out.logp)
 
 
-def test_load_policy_errors_name_the_problem(tmp_path):
+def test_load_deploy_policy_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="policy.path .* no config.json"):
-        load_policy(tmp_path)
+        load_deploy_policy(tmp_path)
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match="no string key 'type'"):
-        load_policy(tmp_path)
+    with pytest.raises(ValueError, match="missing the string key 'type'.*--policy.type"):
+        load_deploy_policy(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"type": "no-such-policy"}))
     with pytest.raises(ValueError, match="unknown policy 'no-such-policy'.*tiny-joint"):
-        load_policy(tmp_path)
+        load_deploy_policy(tmp_path)
 
 
 def test_run_deploy_via_config_on_the_simulated_lerobot_arm(tmp_path):

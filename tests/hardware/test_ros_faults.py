@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from hardware.deploy import load_policy, parse_config, run_deploy
+from hardware.deploy import load_deploy_policy, parse_config, run_deploy
 from hardware.intervention import OperatorEvents
 from hardware.runner import StepRecord
 from hardware.testing import FaultyPolicy, TinyJointPolicy
@@ -94,7 +94,7 @@ def settle_log(sim, since: int, quiet_s: float = 0.3) -> list[dict]:
 def test_policy_emits_nan(shared_arm):
     sim, tmp = shared_arm
     since = sim.count()
-    policy = FaultyPolicy(load_policy(tmp / "tiny"), "nan", after_calls=2)
+    policy = FaultyPolicy(load_deploy_policy(tmp / "tiny"), "nan", after_calls=2)
     report = run_deploy(config(sim, tmp, "--episode_s=2.0", "--chunk.replan_every=4"), policy=policy)
     log = settle_log(sim, since)
     firsts = assert_commands_within_envelope(log, sim.lower, sim.upper, MAX_DELTA)
@@ -107,7 +107,7 @@ def test_out_of_limit_and_huge_jump_actions(shared_arm, fault, response):
     sim, tmp = shared_arm
     since = sim.count()
     lower, upper = np.full(6, -0.6), np.full(6, 0.6)
-    policy = FaultyPolicy(load_policy(tmp / "tiny"), fault, after_calls=2, magnitude=25.0 if fault == "jump" else 3.0)
+    policy = FaultyPolicy(load_deploy_policy(tmp / "tiny"), fault, after_calls=2, magnitude=25.0 if fault == "jump" else 3.0)
     cfg = config(
         sim,
         tmp,

@@ -15,7 +15,7 @@ from hardware.config_mujoco_robot import MujocoRobotConfig
 from hardware.intervention import KeyboardListener, OperatorEvents, ScriptedTeleop
 from hardware.lerobot_adapter import LeRobotAdapter
 from hardware.mujoco_robot import MujocoRobot
-from hardware.recording import DatasetConfig, EpisodeRecorder
+from hardware.recording import DatasetConfig, RobotEpisodeRecorder
 from hardware.runner import DeployRunner, StepRecord
 from hardware.safety import SafetyConfig
 from hardware.scheduling import ChunkConfig
@@ -66,7 +66,7 @@ def tiny(**kw) -> TinyJointPolicy:
 def test_policy_drives_the_lerobot_robot_and_episode_is_recorded(tmp_path):
     arm = SpyArm(tmp_path, cameras=["front"])
     start = arm.robot.arm.positions()
-    rec = EpisodeRecorder(
+    rec = RobotEpisodeRecorder(
         DatasetConfig(repo_id="test/lerobot_run", root=str(tmp_path / "ds")),
         20,
         "mujoco_arm",
@@ -255,7 +255,7 @@ def test_rerecorded_episode_is_discarded_and_run_again(tmp_path):
     arm = SpyArm(tmp_path)
     estop = EStop()
     events = OperatorEvents(estop)
-    rec = EpisodeRecorder(
+    rec = RobotEpisodeRecorder(
         DatasetConfig(repo_id="test/rerecord", root=str(tmp_path / "ds")),
         20,
         "mujoco_arm",

@@ -24,7 +24,8 @@ from policies.autoregressive import (
 )
 from policies.autoregressive.backbones import Prompts, load_backbone
 from policies.base import ActMode, LogProbLevel
-from policies.io import ObservationError, load_policy
+from policies.io import ObservationError
+from policies.loading import load_policy
 from policies.registry import POLICIES
 
 torch.set_num_threads(1)

@@ -11,9 +11,11 @@ import torch
 
 from policies.base import ActMode, LogProbLevel
 from policies.compact import CompactFlowConfig, CompactFlowPolicy, TextEncoderKind
+from policies.compact.modules import flow_matching_loss
 from policies.flow.sampler import ChainReduce, SamplerConfig, SamplerKind, SdeMode
 from policies.flow.value import ValuePlacement
-from policies.io import CheckpointError, ObservationError, load_policy
+from policies.io import CheckpointError, ObservationError
+from policies.loading import load_policy
 from policies.registry import POLICIES
 
 torch.set_num_threads(1)
@@ -322,3 +324,26 @@ def test_sft_stops_at_the_first_success_check_that_reaches_the_target() -> None:
     assert any(not torch.equal(six[n], plain[n]) for n in six)
     with pytest.raises(ValueError, match="stop_at_success"):
         SFTConfig(stop_at_success=1.5)
+
+
+def test_flow_matching_loss_hand_computed() -> None:
+    f64 = torch.float64
+    actions = torch.tensor([[[1.0, 2.0], [0.0, -1.0]]], dtype=f64)  # [B=1, H=2, A=2]
+    noise = torch.tensor([[[0.0, 1.0], [1.0, 1.0]]], dtype=f64)
+    # target u = noise - actions = [[-1, -1], [1, 2]]; prediction off by [[1, 0], [2, 2]]
+    pred = torch.tensor([[[0.0, -1.0], [3.0, 4.0]]], dtype=f64, requires_grad=True)
+    loss = flow_matching_loss(pred, noise, actions)
+    torch.testing.assert_close(loss, torch.tensor((1.0 + 0.0 + 4.0 + 4.0) / 4, dtype=f64))
+    loss.backward()
+    torch.testing.assert_close(pred.grad, torch.tensor([[[0.5, 0.0], [1.0, 1.0]]], dtype=f64))  # 2 * diff / 4
+    # a perfect predictor of d x_t / d t = noise - actions has zero loss
+    torch.testing.assert_close(flow_matching_loss(noise - actions, noise, actions), torch.tensor(0.0, dtype=f64))
+    # the padded second step (nan) counts neither in the value (only [1, 0] -> 1 / 2) nor the gradient
+    padded = pred.detach().clone()
+    padded[0, 1] = float("nan")
+    padded.requires_grad_(True)
+    masked = flow_matching_loss(padded, noise, actions, mask=torch.tensor([[True, False]]))
+    torch.testing.assert_close(masked, torch.tensor(0.5, dtype=f64))
+    masked.backward()
+    torch.testing.assert_close(padded.grad, torch.tensor([[[1.0, 0.0], [0.0, 0.0]]], dtype=f64))
+

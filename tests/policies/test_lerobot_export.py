@@ -21,7 +21,7 @@ from policies.base import ActMode  # noqa: E402
 from policies.flow.lerobot import LeRobotFlowPolicy  # noqa: E402
 from policies.flow.sampler import SamplerConfig, SamplerKind  # noqa: E402
 from policies.flow.tiny import build_tiny_lerobot_policy, tiny_paligemma_configs  # noqa: E402
-from policies.io import load_policy  # noqa: E402
+from policies.loading import load_policy  # noqa: E402
 
 torch.set_num_threads(1)
 KINDS = ["pi0", "pi05", "smolvla"]

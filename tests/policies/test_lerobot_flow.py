@@ -23,7 +23,8 @@ from policies.flow.lerobot import (  # noqa: E402
 from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode  # noqa: E402
 from policies.flow.tiny import build_tiny_lerobot_policy, tiny_paligemma_configs  # noqa: E402
 from policies.flow.value import ValuePlacement  # noqa: E402
-from policies.io import CheckpointError, ObservationError, load_policy  # noqa: E402
+from policies.io import CheckpointError, ObservationError  # noqa: E402
+from policies.loading import load_policy  # noqa: E402
 from policies.registry import POLICIES  # noqa: E402
 
 torch.set_num_threads(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sim import OBS_STATE, TASK, EnvError, make_env
+from sim import OBS_STATE, TASK, EnvError, WristCamera, backends_with_wrist_camera, make_env, wrist_camera_support
 
 # (env id, options) — one representative task per backend; short episodes so truncation happens fast.
 BACKENDS = [
@@ -155,3 +155,13 @@ def test_unknown_env_id_lists_valid_ids():
         make_env("maniskill/PickCube-v2")
     with pytest.raises(EnvError, match="unknown option"):
         make_env("mujoco/pick-red", not_an_option=1)
+
+
+def test_wrist_camera_support_is_a_backend_capability():
+    assert wrist_camera_support("libero/libero_object/0") is WristCamera.ALWAYS  # the class says so
+    assert wrist_camera_support("mujoco/pick-red") is WristCamera.OPTIONAL  # its options have wrist_camera
+    assert wrist_camera_support("maniskill/PickCube-v1") is WristCamera.NONE
+    assert wrist_camera_support("no-such-backend/x") is WristCamera.NONE
+    assert "libero" in backends_with_wrist_camera(WristCamera.ALWAYS)
+    assert "mujoco" in backends_with_wrist_camera(WristCamera.OPTIONAL)
+

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, image_key, list_envs, make_env
-from sim.backends.maniskill import ManiSkillOptions, default_lavapipe_icd, vulkan_error, vulkan_message
+from sim.backends.maniskill_common import ManiSkillOptions, default_lavapipe_icd, vulkan_error, vulkan_message
 from sim.backends.maniskill_tasks import TASKS
 from sim.experts import maniskill as experts
 

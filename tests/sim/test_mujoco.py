@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, list_envs, make_env
-from sim.mujoco_tasks.env import EnvConfig, TabletopEnv
+from sim.mujoco_tasks.env import TabletopConfig, TabletopEnv
 from sim.mujoco_tasks.tasks import (
     CUBE_HALF,
     REWARD_SCALES,
@@ -37,7 +37,7 @@ FRONT = "observation.images.front"
 
 def _env(task: str, **kw) -> TabletopEnv:
     kw.setdefault("obs_mode", "state")
-    return TabletopEnv(EnvConfig(env_id=f"mujoco/{task}", task=task, **kw))
+    return TabletopEnv(TabletopConfig(env_id=f"mujoco/{task}", task=task, **kw))
 
 
 def _teleport(env: TabletopEnv, cube: int, pos) -> None:

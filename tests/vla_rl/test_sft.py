@@ -34,7 +34,7 @@ def test_sft_trains_a_policy_on_a_dataset_written_by_lerobot(tmp_path, capsys):
     assert {"config.json", "sft.json"} <= {p.name for p in out.iterdir()}
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # written atomically
     assert json.loads((out / "sft.json").read_text())["sft/steps"] == 150
-    from policies.io import load_policy
+    from policies.loading import load_policy
 
     policy = load_policy(out)
     assert (policy.config.state_dim, policy.config.action_dim, policy.config.cameras) == (STATE, ACT, ())

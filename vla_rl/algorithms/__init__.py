@@ -12,8 +12,6 @@ from vla_rl.algorithms.advantages import (
 )
 from vla_rl.algorithms.losses import (
     entropy_bonus,
-    flow_matching_interpolate,
-    flow_matching_loss,
     kl_k3,
     ppo_policy_loss,
     tpo_loss,
@@ -23,8 +21,6 @@ from vla_rl.algorithms.losses import (
 __all__ = [
     "dynamic_sampling_mask",
     "entropy_bonus",
-    "flow_matching_interpolate",
-    "flow_matching_loss",
     "gae",
     "group_relative",
     "kl_k3",

@@ -1,4 +1,7 @@
-"""Losses: PPO policy and value losses, entropy and KL terms, TPO (GRAPE), flow matching.
+"""Losses: PPO policy and value losses, entropy and KL terms, TPO (GRAPE).
+
+Supervised (SFT) losses belong to the policy that owns the model (``Policy.sft_loss``,
+e.g. :func:`policies.compact.modules.flow_matching_loss`).
 
 Every function is pure: tensors in, a 0-dim loss (to be *minimized*) and,
 where useful, a ``stats`` dict of detached 0-dim tensors out. Optional
@@ -314,65 +317,3 @@ def tpo_loss(
             "accuracy": (margin.detach() > 0).to(margin.dtype).mean(),
         }
     return loss, stats
-
-
-# ----------------------------------------------------------------------------- flow matching (SFT)
-
-
-def flow_matching_interpolate(noise: torch.Tensor, actions: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
-    """The noisy action ``x_t = t * noise + (1 - t) * actions`` (pi0 convention: t = 1 is noise).
-
-    Args:
-        noise: ``float [B, H, A]`` Gaussian noise ``x_1``.
-        actions: ``float [B, H, A]`` clean action chunk ``x_0``.
-        time: ``float [B]`` flow time ``t`` in ``[0, 1]`` per sample.
-
-    Returns:
-        ``[B, H, A]`` tensor.
-
-    Raises:
-        ValueError: if ``noise``/``actions`` are not equal-shape 3-D float tensors
-            or ``time`` is not ``[B]``.
-    """
-    _check_same_shape("actions", actions, (("noise", noise),))
-    _check_float("time", time)
-    if actions.dim() != 3:
-        raise ValueError(f"actions must be [B, H, A], got shape {tuple(actions.shape)}")
-    if time.shape != actions.shape[:1]:
-        raise ValueError(f"time shape {tuple(time.shape)} must be [B] = ({actions.shape[0]},)")
-    t = time.to(actions.dtype)[:, None, None]
-    return t * noise + (1.0 - t) * actions
-
-
-def flow_matching_loss(
-    predicted_velocity: torch.Tensor,
-    noise: torch.Tensor,
-    actions: torch.Tensor,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Supervised flow-matching loss: MSE to the target velocity ``u = noise - actions``.
-
-    ``predicted_velocity`` is the model's ``v(x_t, t, obs)`` at
-    ``x_t = t * noise + (1 - t) * actions`` (see :func:`flow_matching_interpolate`);
-    ``u = d x_t / d t``. The mean runs over every valid element (step and action dim).
-
-    Args:
-        predicted_velocity: ``float [B, H, A]`` model output (differentiable).
-        noise: ``float [B, H, A]`` the noise ``x_1`` used to build ``x_t``.
-        actions: ``float [B, H, A]`` the clean action chunk ``x_0``.
-        mask: optional ``bool [B, H]`` (or ``[B]`` / ``[B, H, A]``); True = a
-            real action step, False = padding past the end of an episode.
-
-    Returns:
-        0-dim tensor.
-
-    Raises:
-        ValueError: if the three tensors are not equal-shape 3-D float tensors,
-            or the mask is malformed / selects nothing.
-    """
-    _check_same_shape("predicted_velocity", predicted_velocity, (("noise", noise), ("actions", actions)))
-    if predicted_velocity.dim() != 3:
-        raise ValueError(f"predicted_velocity must be [B, H, A], got shape {tuple(predicted_velocity.shape)}")
-    target = _sanitize(noise - actions, mask)
-    pred = _sanitize(predicted_velocity, mask)
-    return masked_mean((pred - target) ** 2, mask)

@@ -37,7 +37,8 @@ def rollout(cfg: RolloutConfig) -> EvalResult:
     out = Path(cfg.output_dir) if cfg.output_dir else default_runs_dir() / f"rollout-{cfg.env.id.replace('/', '-')}"
     policy = None
     if cfg.policy not in ("random", "expert"):  # a checkpoint folder
-        from policies.io import checkpoint_cameras, load_policy
+        from policies.io import checkpoint_cameras
+        from policies.loading import load_policy
 
         policy = load_policy(cfg.policy)
         policy.eval()
