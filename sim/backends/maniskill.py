@@ -58,9 +58,9 @@ class ManiSkillOptions(SimOptions):
             else one CPU env per worker process), ``cpu`` or ``gpu``.
         reward_mode: ManiSkill reward returned as ``reward``:
             ``normalized_dense`` (dense shaping scaled to [0, 1]), ``dense``,
-            ``sparse`` (1 on success) or ``none``. The step info's
-            ``reward_terms`` holds this reward under its mode name and the
-            sparse ``success`` term.
+            ``sparse`` (1 on success) or ``none``. It is not decomposed into
+            breakdown terms: the reward layer reports it as the ``env`` term,
+            next to ``success`` (:mod:`rewards.terms`).
         robot_uids: ManiSkill robot id (``panda``, ``panda_wristcam``, ...);
             empty keeps the task's default. ``panda_wristcam`` adds a
             ``hand_camera`` image.
@@ -305,7 +305,6 @@ class ManiSkillSingleEnv(SingleEnv):
             terminated=bool(terminated[0]),
             truncated=self._t >= self._max_steps,
             success=success,
-            reward_terms={self._options.reward_mode: r, "success": float(success)},
         )
 
     def expert_action(self) -> np.ndarray:
