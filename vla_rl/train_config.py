@@ -15,6 +15,7 @@ import draccus
 
 import policies as _policies  # noqa: F401  (registers the policy modules)
 from policies.registry import POLICIES
+from rewards.config import RewardConfig
 from vla_rl.algorithms.learners import ALGORITHMS, AlgoConfig
 from vla_rl.config import EnvConfig
 from vla_rl.run_logging import LoggingConfig
@@ -119,6 +120,8 @@ class TrainConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward terms and weights (:mod:`rewards`); the default is the env's own reward."""
     iterations: int = 20
     """Training iterations (collect + update)."""
     seed: int = 0

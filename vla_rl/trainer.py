@@ -178,7 +178,7 @@ class Trainer:
     def _loop(self, policy: Policy, learner: Learner, env: Any, eval_env: Any, logger: RunLogger,
               start_iter: int, env_steps: int, best: float | None) -> dict[str, Any]:
         cfg = self.cfg
-        engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
+        engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward)
         check_episode_fits(cfg, env.spec, engine.exec_steps)
         engine.total_env_steps = env_steps
         first = last = None
