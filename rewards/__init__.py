@@ -10,9 +10,9 @@
 
 from rewards.compose import ChunkReward, RewardFunction, chunk_sum, weighted_step_reward
 from rewards.config import RewardConfig
-from rewards.terms import REWARDS, RewardTerm, RewardTermError, StepInput, env_terms, make_term
+from rewards.terms import REWARDS, RewardTerm, RewardTermError, StepInput, env_step_terms, env_terms, make_term
 
 __all__ = [
     "REWARDS", "ChunkReward", "RewardConfig", "RewardFunction", "RewardTerm", "RewardTermError", "StepInput",
-    "chunk_sum", "env_terms", "make_term", "weighted_step_reward",
+    "chunk_sum", "env_step_terms", "env_terms", "make_term", "weighted_step_reward",
 ]

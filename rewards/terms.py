@@ -35,7 +35,7 @@ by the env is an error naming the term, the env id and the terms it has (:class:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -148,6 +148,19 @@ def make_term(name: str) -> RewardTerm:
     :class:`RewardTermError` there if the env does not report it.
     """
     return REWARDS.get(name).obj() if name in REWARDS else EnvTerm(name)
+
+
+def env_step_terms(reward: Tensor, info: dict[str, Any]) -> dict[str, Tensor]:
+    """The terms an env reports for one :meth:`sim.core.VecEnv.step`: as :func:`env_terms`, ``[B]`` each.
+
+    Args:
+        reward: ``[B]`` the step's reward.
+        info: the step's info (``success``, and ``reward_terms`` where the backend has breakdown terms).
+    """
+    terms = {k: v.float().cpu() for k, v in info.get("reward_terms", {}).items()}
+    terms[ENV] = reward.float().cpu()
+    terms[SUCCESS] = info["success"].float().cpu()
+    return terms
 
 
 def env_terms(steps: ChunkSteps) -> dict[str, Tensor]:
