@@ -2,7 +2,9 @@
 
 A chunked policy decides once per chunk ``[n, H, A]``; the chunk runs open-loop for ``H`` env steps.
 When an env's episode ends at step ``h`` of the chunk (terminated or truncated), the env is
-auto-reset and *held still* (zero actions, i.e. no end-effector motion) for steps ``h+1 .. H-1``: no
+auto-reset and *held still* for steps ``h+1 .. H-1`` (the env's :meth:`sim.core.VecEnv.still_actions`:
+zero actions, i.e. no end-effector motion, for the simulators' delta control; the last accepted joint
+target for a robot, :class:`hardware.env.RobotEnv`): no
 action of the old chunk runs in the new episode, and the env's next decision starts from the new
 episode's observation (after those held steps). Only the first end of an env inside a chunk is that
 chunk's outcome (its final observation, its episode); the held steps belong to the next episode.
@@ -15,6 +17,8 @@ envs, pipelined chunks included), and the readers of a chunk's outcome, the roll
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -25,18 +29,25 @@ class ChunkHold:
     Use per step ``h``: ``a = hold.actions(chunk[:, h])``, step the envs with ``a``, then
     ``first = hold.end(done)``.
 
+    Args:
+        n: envs.
+        still: returns the ``[n, A]`` actions that hold the envs still, called only at steps where an
+            env is held; None means zero actions.
+
     Attributes:
         ended: ``bool [n]``, True for envs whose episode ended at an earlier step of this chunk.
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, still: Callable[[], np.ndarray] | None = None) -> None:
         self.ended = np.zeros(n, dtype=bool)
+        self._still = still
 
     def actions(self, step_actions: np.ndarray) -> np.ndarray:
-        """The actions ``[n, A]`` to execute at this step: ``step_actions`` with ended envs' rows zeroed."""
+        """The actions ``[n, A]`` to execute at this step: ``step_actions`` with ended envs' rows held still."""
         if not self.ended.any():
             return step_actions
-        return np.where(self.ended[:, None], np.zeros_like(step_actions), step_actions)
+        still = np.zeros_like(step_actions) if self._still is None else np.asarray(self._still(), step_actions.dtype)
+        return np.where(self.ended[:, None], still, step_actions)
 
     def end(self, done: np.ndarray) -> np.ndarray:
         """Record this step's ends ``done bool [n]``; returns ``bool [n]``: envs whose first end this is."""

@@ -173,7 +173,7 @@ class VecEnv(abc.ABC):
         term, trunc, success = (torch.zeros(shape, dtype=torch.bool) for _ in range(3))
         length = torch.zeros(shape, dtype=torch.long)
         terms: dict[str, torch.Tensor] = {}
-        hold = ChunkHold(n)
+        hold = ChunkHold(n, self.still_actions)
         final: Obs | None = None
         obs: Obs = {}
         step_obs: list[Obs] | None = [] if record_obs else None
@@ -202,6 +202,14 @@ class VecEnv(abc.ABC):
             reward_terms=terms, episode_return=ret, episode_length=length, final_obs=final, obs=obs,
             step_obs=step_obs,
         )
+
+    def still_actions(self) -> np.ndarray:
+        """``float32 [num_envs, A]`` actions that hold every env still where an episode ended inside a chunk.
+
+        Zeros: no end-effector motion under the simulators' delta control. An env whose zero action
+        moves it (absolute joint targets: a robot) overrides this.
+        """
+        return np.zeros((self.num_envs, *self.spec.action.shape), np.float32)
 
     def _check_chunk(self, actions: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Validate a chunk ``[num_envs, H, A]``; returns float32 on the CPU."""
