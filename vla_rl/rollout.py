@@ -114,6 +114,15 @@ class Rollout:
         return out
 
 
+def reward_scalars(rollout: Rollout) -> dict[str, float]:
+    """The rollout's reward metrics over its valid decisions: ``rollout/chunk_reward`` (the weighted reward
+    fed to the advantages) and ``reward/<term>`` for every term, each the mean per decision."""
+    valid = rollout.valid
+    out = {"rollout/chunk_reward": float(rollout.rewards[valid].mean())}
+    out.update({f"reward/{k}": float(v[valid].mean()) for k, v in rollout.reward_terms.items()})
+    return out
+
+
 def _rows(obs: Obs, idx: list[int]) -> Obs:
     return {k: ([v[i] for i in idx] if k == TASK else v[idx]) for k, v in obs.items()}
 

@@ -27,7 +27,7 @@ from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.learners import ALGORITHMS, Learner
 from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.evaluation import EvalResult, evaluate_policy
-from vla_rl.rollout import RolloutEngine
+from vla_rl.rollout import RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
 from vla_rl.smoke import apply_smoke, build_smoke_policy
 from vla_rl.train_config import TrainConfig, policy_options, policy_type, training_seed_range
@@ -205,10 +205,9 @@ class Trainer:
                 "rollout/success": sum(e.success for e in eps) / len(eps) if eps else float("nan"),
                 "rollout/return": sum(e.ret for e in eps) / len(eps) if eps else float("nan"),
                 "rollout/length": sum(e.length for e in eps) / len(eps) if eps else float("nan"),
-                "rollout/chunk_reward": float(rollout.rewards[rollout.valid].mean()),
                 "time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                 "time/env_steps_per_s": rollout.env_steps / max(t1 - t0, 1e-9),
-                **{f"reward/{k}": float(v[rollout.valid].mean()) for k, v in rollout.reward_terms.items()},
+                **reward_scalars(rollout),
                 **stats,
             }
             step = engine.total_env_steps

@@ -14,7 +14,7 @@ from sim.core import OBS_STATE, TASK, ChunkSteps
 from sim.vector import SerialVecEnv
 from tests.sim.toy_env import CounterEnv
 from tests.vla_rl.toy_policy import GaussianPolicy
-from vla_rl.rollout import RolloutEngine
+from vla_rl.rollout import Rollout, RolloutEngine, reward_scalars
 
 
 def _steps(reward: list[list[float]], term: list[list[bool]], success: list[list[bool]],
@@ -142,3 +142,15 @@ def test_rollout_fails_on_a_term_the_env_lacks():
     engine.reset(seed=0)
     with pytest.raises(RewardTermError, match="toy/counter"):
         engine.collect(1)
+
+
+def test_reward_metrics_log_every_term_over_valid_decisions():
+    valid = torch.tensor([[True, True], [True, False]])
+    ro = Rollout(
+        obs={}, actions=torch.zeros(2, 2, 1, 1), logp=torch.zeros(2, 2), values=torch.zeros(2, 2), extras={},
+        rewards=torch.tensor([[1.0, 2.0], [3.0, 100.0]]),
+        reward_terms={"env": torch.tensor([[1.0, 2.0], [3.0, 100.0]]), "success": torch.tensor([[0.0, 0.0], [1.0, 1.0]])},
+        terminated=torch.zeros(2, 2, dtype=torch.bool), truncated=torch.zeros(2, 2, dtype=torch.bool),
+        next_values=torch.zeros(2, 2), valid=valid,
+    )
+    assert reward_scalars(ro) == {"rollout/chunk_reward": 2.0, "reward/env": 2.0, "reward/success": pytest.approx(1 / 3)}
