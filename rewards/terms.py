@@ -37,7 +37,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
 from torch import Tensor
 
 from sim.core import ChunkSteps, Obs

@@ -150,8 +150,10 @@ def _cat_chunks(parts: list[dict[str, Any]]) -> dict[str, Any]:
     sizes = [len(p["reward"]) for p in parts]
     terms = {n: torch.cat([p["terms"].get(n, torch.zeros(s)) for p, s in zip(parts, sizes)]) for n in names}
     horizon = next((v.shape[0] for p in parts for v in p["step_terms"].values()), 0)
-    step_terms = {n: torch.cat([p["step_terms"].get(n, torch.zeros(horizon, s)) for p, s in zip(parts, sizes)], dim=1)
-                  for n in names}
+    step_terms = {
+        n: torch.cat([p["step_terms"].get(n, torch.zeros(horizon, s)) for p, s in zip(parts, sizes)], dim=1)
+        for n in names
+    }
     episodes = sorted((ep for p in parts for ep in p["episodes"]), key=lambda he: (he[0], he[1].env))
     return {
         "reward": torch.cat([p["reward"] for p in parts]), "terms": terms, "step_terms": step_terms,

@@ -104,20 +104,22 @@ def test_reward_config_validation_and_registry():
     with pytest.raises(ValueError, match="reward.terms.success"):
         RewardConfig(terms={"success": float("nan")})
     assert {"env", "success", "action_magnitude"} <= set(REWARDS.names())
-    assert make_term("action_magnitude")(StepInput(
-        env_id="x", step=0, obs={}, action=torch.tensor([[3.0, 4.0]]), env_terms={}, success=torch.zeros(1, dtype=torch.bool),
-        terminated=torch.zeros(1, dtype=torch.bool), truncated=torch.zeros(1, dtype=torch.bool),
-    )).tolist() == [25.0]
+    no = torch.zeros(1, dtype=torch.bool)
+    step = StepInput(env_id="x", step=0, obs={}, action=torch.tensor([[3.0, 4.0]]), env_terms={}, success=no,
+                     terminated=no, truncated=no)
+    assert make_term("action_magnitude")(step).tolist() == [25.0]
 
 
 def _env(n: int = 2, steps: int = 3, goal: float = 100.0) -> SerialVecEnv:
-    return SerialVecEnv([functools.partial(CounterEnv, episode_steps=steps, goal=goal) for _ in range(n)], "toy/counter")
+    factories = [functools.partial(CounterEnv, episode_steps=steps, goal=goal) for _ in range(n)]
+    return SerialVecEnv(factories, "toy/counter")
 
 
 def test_rollout_stores_every_term_per_decision_and_per_step():
     torch.manual_seed(0)
     policy = GaussianPolicy(2, 1, horizon=2, init_mean=0.5)
-    engine = RolloutEngine(_env(goal=0.6), policy, reward=RewardConfig(terms={"success": 1.0, "action_magnitude": -0.1}))
+    reward = RewardConfig(terms={"success": 1.0, "action_magnitude": -0.1})
+    engine = RolloutEngine(_env(goal=0.6), policy, reward=reward)
     engine.reset(seed=0)
     ro = engine.collect(3, ActMode.EVAL)
     assert set(ro.reward_terms) == {"env", "success", "action_magnitude"}
@@ -149,8 +151,10 @@ def test_reward_metrics_log_every_term_over_valid_decisions():
     ro = Rollout(
         obs={}, actions=torch.zeros(2, 2, 1, 1), logp=torch.zeros(2, 2), values=torch.zeros(2, 2), extras={},
         rewards=torch.tensor([[1.0, 2.0], [3.0, 100.0]]),
-        reward_terms={"env": torch.tensor([[1.0, 2.0], [3.0, 100.0]]), "success": torch.tensor([[0.0, 0.0], [1.0, 1.0]])},
+        reward_terms={"env": torch.tensor([[1.0, 2.0], [3.0, 100.0]]),
+                      "success": torch.tensor([[0.0, 0.0], [1.0, 1.0]])},
         terminated=torch.zeros(2, 2, dtype=torch.bool), truncated=torch.zeros(2, 2, dtype=torch.bool),
         next_values=torch.zeros(2, 2), valid=valid,
     )
-    assert reward_scalars(ro) == {"rollout/chunk_reward": 2.0, "reward/env": 2.0, "reward/success": pytest.approx(1 / 3)}
+    expected = {"rollout/chunk_reward": 2.0, "reward/env": 2.0, "reward/success": pytest.approx(1 / 3)}
+    assert reward_scalars(ro) == expected
