@@ -20,8 +20,8 @@ ended env is the first observation of its next episode.
 (what a chunked policy does between two decisions) and returns the per-step
 rewards and flags, the final observation of envs whose episode ended inside
 the chunk and the observation after it. An env whose episode ends inside the
-chunk is auto-reset and held still (zero actions) for the rest of it (the one
-rule, :mod:`sim.chunk`). The
+chunk is auto-reset and held still (:meth:`VecEnv.still_actions`, zero actions
+for the simulators) for the rest of it (the one rule, :mod:`sim.chunk`). The
 observations in between are never returned, so backends that can skip
 rendering them do (the MuJoCo tabletop renders once per chunk instead of once
 per step); worker-process envs run the chunk with one message per worker.
