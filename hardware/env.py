@@ -131,6 +131,15 @@ class RobotEnv(VecEnv):
         self._last_obs = obs_dict
         return obs_dict, torch.zeros(1), torch.zeros(1, dtype=torch.bool), torch.tensor([truncated]), info
 
+    def still_actions(self) -> np.ndarray:
+        """The hold command ``[1, A]`` (the last accepted joint target) as the action of a held step.
+
+        A chunk run on the robot (:meth:`sim.core.VecEnv.step_chunk`, as training and evaluation run
+        chunks) holds it there for the rest of a chunk in which its episode ended, through the envelope
+        and watchdog like any action; a zero action would be a joint target at zero.
+        """
+        return self.guard.envelope.hold().astype(np.float32)
+
     def close(self) -> None:
         """Hold position (if the robot is still there); the adapter stays connected (its owner closes it)."""
         if self._closed:

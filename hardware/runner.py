@@ -16,6 +16,19 @@ Faults and what the runner does:
   (the episode clock keeps running; the run ends if it is still latched at
   the end of the episode);
 - the policy raises, or the transport fails: hold (if possible) and stop the run.
+
+Why chunks are executed tick by tick here, not with the chunk runner that
+training and evaluation share (:meth:`sim.core.VecEnv.step_chunk`,
+:mod:`sim.chunk`): on a real arm each target must pass the watchdog and the
+e-stop check at its own tick, and the scheduler may re-plan, blend overlapping
+chunks and run inference asynchronously, none of which fits executing a chunk
+open-loop. The episode semantics are the same as the chunk runner's
+hold-after-done: when an episode ends the arm receives the hold command (its
+last accepted target) and the rest of the chunk is dropped (each episode starts
+with ``scheduler.reset()`` and ``policy.reset()``), so no action of an old
+chunk runs in the next episode. Code that drives a robot through the sim
+contract (:class:`hardware.env.RobotEnv`) does use ``step_chunk``, with the
+hold command as the held steps' action (``RobotEnv.still_actions``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ ended env is the first observation of its next episode.
 (what a chunked policy does between two decisions) and returns the per-step
 rewards and flags, the final observation of envs whose episode ended inside
 the chunk and the observation after it. An env whose episode ends inside the
-chunk is auto-reset and held still (zero actions) for the rest of it. The
+chunk is auto-reset and held still (:meth:`VecEnv.still_actions`, zero actions
+for the simulators) for the rest of it (the one rule, :mod:`sim.chunk`). The
 observations in between are never returned, so backends that can skip
 rendering them do (the MuJoCo tabletop renders once per chunk instead of once
 per step); worker-process envs run the chunk with one message per worker.
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sim.chunk import ChunkHold
 from vla_core.keys import OBS_ENV_STATE, OBS_IMAGE_PREFIX, OBS_STATE, TASK, image_key  # noqa: F401  (re-exported)
 
 Obs = dict[str, Any]  # str -> Tensor, and TASK -> list[str]
@@ -104,6 +106,8 @@ class ChunkSteps:
         final_obs: rows ``[n, ...]`` of the last observation of each env's first episode that ended in
             the chunk (valid for those envs), with ``task`` its instruction.
         obs: rows ``[n, ...]`` of the observation after the chunk, with the current instructions.
+        step_obs: with ``step_chunk(..., record_obs=True)``, the ``H`` observations after each step (an
+            env that ended shows its next episode's first observation, then holds still); else None.
     """
 
     env_ids: list[int]
@@ -116,6 +120,7 @@ class ChunkSteps:
     episode_length: torch.Tensor
     final_obs: Obs
     obs: Obs
+    step_obs: list[Obs] | None = None
 
 
 class VecEnv(abc.ABC):
@@ -146,49 +151,65 @@ class VecEnv(abc.ABC):
     def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Step every env with ``actions [num_envs, A]``; see the module doc."""
 
-    def step_chunk(self, actions: torch.Tensor) -> ChunkSteps:
+    def step_chunk(self, actions: torch.Tensor, record_obs: bool = False) -> ChunkSteps:
         """Execute ``actions [num_envs, H, A]`` open-loop on every env (see the module doc).
 
-        This default calls :meth:`step` ``H`` times; batching drivers override it to skip the
-        renders nobody reads and to save round trips to worker processes.
+        This default calls :meth:`step` ``H`` times, holding ended envs still with
+        :class:`sim.chunk.ChunkHold`; batching drivers override it to skip the renders nobody reads and
+        to save round trips to worker processes, and fall back to it for ``record_obs``.
+
+        Args:
+            actions: ``[num_envs, H, A]``.
+            record_obs: also return the observation after every step (``ChunkSteps.step_obs``), e.g.
+                for a video; every step is then rendered.
 
         Raises:
             EnvError: if ``actions`` is not ``[num_envs, H, A]``.
         """
-        actions = self._check_chunk(actions)
-        horizon, n = actions.shape[1], self.num_envs
+        acts = self._check_chunk(actions).numpy()
+        horizon, n = acts.shape[1], self.num_envs
         shape = (horizon, n)
         reward, ret = torch.zeros(shape), torch.zeros(shape)
         term, trunc, success = (torch.zeros(shape, dtype=torch.bool) for _ in range(3))
         length = torch.zeros(shape, dtype=torch.long)
         terms: dict[str, torch.Tensor] = {}
-        ended = torch.zeros(n, dtype=torch.bool)
+        hold = ChunkHold(n, self.still_actions)
         final: Obs | None = None
         obs: Obs = {}
+        step_obs: list[Obs] | None = [] if record_obs else None
         for h in range(horizon):
-            step_actions = torch.where(ended[:, None], torch.zeros_like(actions[:, h]), actions[:, h])
-            obs, reward[h], term[h], trunc[h], info = self.step(step_actions)
+            obs, reward[h], term[h], trunc[h], info = self.step(torch.from_numpy(hold.actions(acts[:, h])))
+            if step_obs is not None:
+                step_obs.append(obs)
             success[h] = info["success"]
             for name, value in info.get("reward_terms", {}).items():
                 terms.setdefault(name, torch.zeros(shape))[h] = value
             done = term[h] | trunc[h]
             if done.any():
                 ret[h], length[h] = info["episode"]["return"], info["episode"]["length"]
-                first = done & ~ended
+                first = hold.end(done.cpu().numpy())
                 if first.any():
                     fin = info["final_obs"]
                     if final is None:
                         final = {k: (list(v) if k == TASK else v.clone()) for k, v in fin.items()}
-                    for i in first.nonzero().flatten().tolist():
+                    for i in np.flatnonzero(first).tolist():
                         for k, v in fin.items():
                             final[k][i] = v[i]
-                ended |= done
         if final is None:
             final = {k: (list(v) if k == TASK else v.clone()) for k, v in obs.items()}
         return ChunkSteps(
             env_ids=list(range(n)), reward=reward, terminated=term, truncated=trunc, success=success,
             reward_terms=terms, episode_return=ret, episode_length=length, final_obs=final, obs=obs,
+            step_obs=step_obs,
         )
+
+    def still_actions(self) -> np.ndarray:
+        """``float32 [num_envs, A]`` actions that hold every env still where an episode ended inside a chunk.
+
+        Zeros: no end-effector motion under the simulators' delta control. An env whose zero action
+        moves it (absolute joint targets: a robot) overrides this.
+        """
+        return np.zeros((self.num_envs, *self.spec.action.shape), np.float32)
 
     def _check_chunk(self, actions: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Validate a chunk ``[num_envs, H, A]``; returns float32 on the CPU."""

@@ -21,8 +21,7 @@ ends (:meth:`SingleEnv.step_unrendered`).
 group of workers (``chunk_async`` / ``chunk_wait``), so a caller can compute the next chunk of
 one group of envs while another group steps (pipelined rollouts). Inside a
 chunk an env whose episode ends is auto-reset and then held still (zero
-actions) for the rest of the chunk, exactly as the rollout engine does with
-:meth:`VecEnv.step`.
+actions) for the rest of the chunk (:mod:`sim.chunk`).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
 
+from sim.chunk import ChunkHold
 from sim.core import TASK, ChunkSteps, EnvSpec, Obs, VecEnv, normalize_env_ids, seeds_for_ids
 from sim.single import SingleEnv
 
@@ -223,8 +223,13 @@ class SerialVecEnv(_Bookkeeping):
         return self._finish_step(reward, term, trunc, success, terms, self._share(new), new, self._final,
                                  final_instructions)
 
-    def step_chunk(self, actions: torch.Tensor) -> ChunkSteps:
-        """Run ``actions [B, H, A]`` with :func:`run_chunk` (see :meth:`VecEnv.step_chunk`)."""
+    def step_chunk(self, actions: torch.Tensor, record_obs: bool = False) -> ChunkSteps:
+        """Run ``actions [B, H, A]`` with :func:`run_chunk` (see :meth:`VecEnv.step_chunk`).
+
+        With ``record_obs`` (every step rendered and returned) this is the step-by-step default.
+        """
+        if record_obs:
+            return super().step_chunk(actions, record_obs=True)
         acts = self._check_chunk(actions).numpy()
         self._obs = {k: v.copy() for k, v in self._obs.items()}  # returned batches share the old arrays
         reward, flags, terms, texts = run_chunk(self._envs, acts, self._obs, self._final, 0)
@@ -257,8 +262,8 @@ def run_chunk(
     """Execute ``actions [n, H, A]`` on ``envs`` (rows ``offset...`` of the buffers); see :class:`ChunkSteps`.
 
     Steps before the last are :meth:`SingleEnv.step_unrendered`. An env whose episode ends is
-    auto-reset and held still (zero actions) for the rest of the chunk; its first final observation
-    goes to ``final_bufs``, the observation after the chunk to ``obs_bufs``.
+    auto-reset and held still for the rest of the chunk (:class:`sim.chunk.ChunkHold`); its first final
+    observation goes to ``final_bufs``, the observation after the chunk to ``obs_bufs``.
 
     Returns:
         ``(reward float64 [H, n], flags bool [3, H, n] = terminated, truncated, success,
@@ -269,12 +274,12 @@ def run_chunk(
     flags = np.zeros((3, horizon, n), bool)
     terms: dict[str, np.ndarray] = {}
     texts: list[tuple[int, int, str]] = []
-    for j, env in enumerate(envs):
-        row, ended = offset + j, False
-        for h in range(horizon):
-            last = h == horizon - 1
-            action = np.zeros_like(actions[j, h]) if ended else actions[j, h]
-            out = env.step(action) if last else env.step_unrendered(action)
+    hold = ChunkHold(n)
+    for h in range(horizon):
+        last = h == horizon - 1
+        step_actions = hold.actions(actions[:, h])
+        for j, env in enumerate(envs):
+            out = env.step(step_actions[j]) if last else env.step_unrendered(step_actions[j])
             reward[h, j] = out.reward
             flags[:, h, j] = out.terminated, out.truncated, out.success
             for name, value in (out.reward_terms or {}).items():
@@ -283,11 +288,11 @@ def run_chunk(
                 terms[name][h, j] = value
             obs = out.obs
             if out.terminated or out.truncated:
-                if not ended:
-                    _write(final_bufs, row, obs)
-                ended = True
+                if not hold.ended[j]:
+                    _write(final_bufs, offset + j, obs)
                 obs, text = env.reset(None)
                 texts.append((h, j, text))
             if last:
-                _write(obs_bufs, row, obs)
+                _write(obs_bufs, offset + j, obs)
+        hold.end(flags[0, h] | flags[1, h])
     return reward, flags, terms, texts

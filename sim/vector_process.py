@@ -511,8 +511,13 @@ class ProcessVecEnv(_Bookkeeping):
                     table[names.index(k), :, cols] = src[slot, :horizon]
         return dict(zip(names, table))
 
-    def step_chunk(self, actions: torch.Tensor) -> ChunkSteps:
-        """One five-byte message per worker (actions in its shared chunk buffer), then :meth:`chunk_wait`."""
+    def step_chunk(self, actions: torch.Tensor, record_obs: bool = False) -> ChunkSteps:
+        """One five-byte message per worker (actions in its shared chunk buffer), then :meth:`chunk_wait`.
+
+        With ``record_obs`` (every step rendered and returned) this is the step-by-step default.
+        """
+        if record_obs:
+            return super().step_chunk(actions, record_obs=True)
         self._launch(list(range(len(self._slices))), self._check_chunk(actions).numpy(), 0)
         steps = self.chunk_wait(list(range(self.num_envs)))
         self._last_obs = steps.obs

@@ -5,6 +5,16 @@ its own seeded stream, and contributes exactly its first ``ceil(N / B)``
 episodes (the total trimmed to ``N`` in env order). So the set of initial
 states depends only on ``(s, N, B)``, never on the policy, and two policies
 evaluated with the same settings face the same episodes.
+
+Chunks run as in training, through :meth:`sim.core.VecEnv.step_chunk`: an env
+whose episode ends inside a chunk is auto-reset and held still (zero actions)
+for the rest of the chunk (:mod:`sim.chunk`), and its next episode starts with
+a fresh decision. An episode's statistics (return: the env's own reward, the
+``env`` term; length; success) are those the env reports at its end; the held
+steps count towards the next episode's length and return, as in training. An
+episode that ends while its env is held still (a second end in one chunk, only
+possible with episodes shorter than a chunk) played no action of the policy and
+is not counted.
 """
 
 from __future__ import annotations
@@ -19,7 +29,8 @@ import torch
 from tqdm import tqdm
 
 from policies.base import ActMode, Policy
-from sim.core import Obs, VecEnv
+from sim.chunk import first_episode_steps
+from sim.core import TASK, Obs, VecEnv
 from sim.video import VideoWriter
 
 ActionFn = Callable[[Obs], torch.Tensor]  # obs -> action chunk [B, H, A]
@@ -81,7 +92,9 @@ def evaluate_episodes(
         episodes: N, the number of episodes.
         seed: base seed of the evaluation episodes (keep it away from training seeds).
         exec_steps: actions of each chunk to execute (0 = all).
-        video_path: write an MP4 of the first ``video_envs`` envs' cameras there.
+        video_path: write an MP4 of the first ``video_envs`` envs' cameras there (every step is then
+            rendered, :meth:`sim.core.VecEnv.step_chunk` with ``record_obs``, until those envs have
+            played their episodes).
     """
     b = env.num_envs
     quota = math.ceil(episodes / b)
@@ -95,21 +108,19 @@ def evaluate_episodes(
         while min(counts) < quota:
             chunk = act(obs)
             steps = chunk.shape[1] if exec_steps <= 0 else min(exec_steps, chunk.shape[1])
-            for h in range(steps):
-                obs, _, _, _, info = env.step(chunk[:, h])
-                if video is not None and min(counts[:video_envs]) < quota:
-                    video.add_obs(obs, env.spec.image_keys, video_envs)
-                if "episode" not in info:
-                    continue
-                ep = info["episode"]
-                for i in info["done"].nonzero().flatten().tolist():
-                    if counts[i] < quota:
-                        records.append((i, counts[i], info["final_obs"]["task"][i], float(ep["return"][i]),
-                                        int(ep["length"][i]), bool(ep["success"][i])))
-                        counts[i] += 1
-                        bar.update(1)
-                if min(counts) >= quota:
-                    break
+            record = video is not None and min(counts[:video_envs]) < quota
+            out = env.step_chunk(chunk[:, :steps], record_obs=record)
+            obs = out.obs
+            if record:
+                for step_obs in out.step_obs or []:
+                    video.add_obs(step_obs, env.spec.image_keys, video_envs)  # type: ignore[union-attr]
+            ends = (out.terminated | out.truncated) & first_episode_steps(out.terminated, out.truncated)
+            for h, i in ends.nonzero().tolist():  # step order, then env order: at most one end per env
+                if counts[i] < quota:
+                    records.append((i, counts[i], out.final_obs[TASK][i], float(out.episode_return[h, i]),
+                                    int(out.episode_length[h, i]), bool(out.success[h, i])))
+                    counts[i] += 1
+                    bar.update(1)
     records.sort(key=lambda r: (r[1], r[0]))  # round-robin over envs, then trim to N
     records = records[:episodes]
     succ = sum(r[5] for r in records)

@@ -3,10 +3,12 @@
 One *decision* is one ``policy.act`` call returning a chunk ``[B, H, A]``; the
 first ``exec_steps`` actions are executed open-loop (:meth:`sim.VecEnv.step_chunk`,
 which skips rendering the observations in between where the backend can). The decision's reward is
-the sum of the per-step rewards inside the chunk. An env whose episode ends
-inside a chunk is held still (zero actions, i.e. no end-effector motion) for
-the rest of that chunk, so no reward of its next episode leaks into the old
-decision; its next decision starts from the new episode's observation.
+the sum of the per-step rewards inside the chunk, each step's reward the weighted sum of the
+configured reward terms (:class:`rewards.RewardConfig`, applied by :class:`rewards.RewardFunction`,
+the one place weights are applied); every term is kept per decision and per step. An env whose
+episode ends inside a chunk is held still (zero actions, i.e. no end-effector motion) for the rest
+of that chunk (:mod:`sim.chunk`), so no reward of its next episode leaks into the old decision; its
+next decision starts from the new episode's observation.
 
 Everything ``evaluate`` needs (``ActOutput.extras``) is recorded, together
 with the value of each decision's true successor (the final observation where
@@ -38,6 +40,8 @@ import torch
 from torch import Tensor
 
 from policies.base import ActMode, ActOutput, Policy
+from rewards import RewardConfig, RewardFunction
+from sim.chunk import first_episode_steps
 from sim.core import TASK, Obs, VecEnv
 
 
@@ -62,7 +66,10 @@ class Rollout:
         logp: log-probs at the policy's level (``[T, B]``, ``[T, B, H]`` or ``[T, B, H, A]``).
         values: ``[T, B]`` critic values of the decision observations (zeros without a critic).
         extras: the policy's sampler extras, ``[T, B, ...]``.
-        rewards: ``[T, B]`` summed per chunk; ``reward_terms`` the same per named term.
+        rewards: ``[T, B]`` the decision rewards fed to the advantages: the weighted step rewards
+            (:class:`rewards.RewardConfig`) summed over each chunk's steps up to the env's episode end.
+        reward_terms: name -> ``[T, B]`` every env term and configured term, summed the same way.
+        step_reward_terms: name -> ``[T, B, H]`` the same per executed step (0 on held steps).
         terminated, truncated: ``[T, B]`` whether the episode ended (and how) inside the chunk.
         next_values: ``[T, B]`` value of each decision's true successor.
         valid: ``[T, B]`` False for decisions after an env's episode ended in group mode.
@@ -83,6 +90,7 @@ class Rollout:
     next_values: Tensor
     valid: Tensor
     group_ids: Tensor | None = None
+    step_reward_terms: dict[str, Tensor] = field(default_factory=dict)
     episodes: list[EpisodeRecord] = field(default_factory=list)
     env_steps: int = 0
 
@@ -104,6 +112,15 @@ class Rollout:
             else:
                 out[k] = v.flatten(0, 1)[index]
         return out
+
+
+def reward_scalars(rollout: Rollout) -> dict[str, float]:
+    """The rollout's reward metrics over its valid decisions: ``rollout/chunk_reward`` (the weighted reward
+    fed to the advantages) and ``reward/<term>`` for every term, each the mean per decision."""
+    valid = rollout.valid
+    out = {"rollout/chunk_reward": float(rollout.rewards[valid].mean())}
+    out.update({f"reward/{k}": float(v[valid].mean()) for k, v in rollout.reward_terms.items()})
+    return out
 
 
 def _rows(obs: Obs, idx: list[int]) -> Obs:
@@ -132,9 +149,14 @@ def _cat_chunks(parts: list[dict[str, Any]]) -> dict[str, Any]:
     names = sorted({n for p in parts for n in p["terms"]})
     sizes = [len(p["reward"]) for p in parts]
     terms = {n: torch.cat([p["terms"].get(n, torch.zeros(s)) for p, s in zip(parts, sizes)]) for n in names}
+    horizon = next((v.shape[0] for p in parts for v in p["step_terms"].values()), 0)
+    step_terms = {
+        n: torch.cat([p["step_terms"].get(n, torch.zeros(horizon, s)) for p, s in zip(parts, sizes)], dim=1)
+        for n in names
+    }
     episodes = sorted((ep for p in parts for ep in p["episodes"]), key=lambda he: (he[0], he[1].env))
     return {
-        "reward": torch.cat([p["reward"] for p in parts]), "terms": terms,
+        "reward": torch.cat([p["reward"] for p in parts]), "terms": terms, "step_terms": step_terms,
         "term": torch.cat([p["term"] for p in parts]), "trunc": torch.cat([p["trunc"] for p in parts]),
         "final": {i: f for p in parts for i, f in p["final"].items()},
         "episodes": [ep for _, ep in episodes],
@@ -152,10 +174,11 @@ class RolloutEngine:
         pipelined: overlap env stepping with policy inference (two halves of the envs) when the env
             supports asynchronous chunks (``chunk_groups`` / ``chunk_async`` / ``chunk_wait``); otherwise
             collect sequentially. See the module doc.
+        reward: the reward terms and weights (None: the default, the env's own reward).
     """
 
     def __init__(self, env: VecEnv, policy: Policy, exec_steps: int = 0, use_critic: bool = True,
-                 pipelined: bool = False) -> None:
+                 pipelined: bool = False, reward: RewardConfig | None = None) -> None:
         h = policy.chunk_size
         if exec_steps > h:
             raise ValueError(f"exec_steps={exec_steps} is longer than the policy's chunk ({h})")
@@ -164,6 +187,7 @@ class RolloutEngine:
         self.exec_steps = exec_steps or h
         self.use_critic = use_critic
         self.pipelined = pipelined
+        self.reward = RewardFunction(reward or RewardConfig(), env.spec.env_id)
         self._obs: Obs | None = None
         self.total_env_steps = 0
 
@@ -181,13 +205,13 @@ class RolloutEngine:
         with torch.no_grad():
             return self.policy.value(obs).float().cpu()
 
-    def _run_chunk(self, actions: Tensor, alive: Tensor) -> dict[str, Any]:
-        """Execute one chunk on every env (:meth:`sim.VecEnv.step_chunk`); per-env reward sums, end flags,
-        final obs rows and the episodes that ended."""
+    def _run_chunk(self, obs: Obs, actions: Tensor, alive: Tensor) -> dict[str, Any]:
+        """Execute one chunk on every env (:meth:`sim.VecEnv.step_chunk`); per-env rewards and terms, end
+        flags, final obs rows and the episodes that ended."""
         steps = self.env.step_chunk(actions[:, : self.exec_steps])
         self.total_env_steps += self.env.num_envs * self.exec_steps
         self._obs = steps.obs
-        return _cat_chunks([self._chunk_from_steps(steps, alive)])
+        return _cat_chunks([self._chunk_from_steps(steps, alive, actions, obs)])
 
     def _bootstrap(self, next_values: Tensor, chunk: dict[str, Any]) -> None:
         """Replace next values of truncated envs by the value of their final observation."""
@@ -235,7 +259,7 @@ class RolloutEngine:
             obs = self._obs
             out = self.policy.act(obs, mode)
             value = out.value.float().cpu() if (self.use_critic and out.value is not None) else torch.zeros(b)
-            chunk = self._run_chunk(out.actions.cpu(), alive)
+            chunk = self._run_chunk(obs, out.actions.cpu(), alive)
             obs_list.append(obs)
             outs.append(out)
             values.append(value)
@@ -270,7 +294,7 @@ class RolloutEngine:
             in_flight[k] = False
             self.total_env_steps += len(ids) * self.exec_steps
             rec = per_half[k][-1]
-            chunk = self._chunk_from_steps(steps, rec[4])
+            chunk = self._chunk_from_steps(steps, rec[4], rec[1].actions.cpu(), rec[0])
             per_half[k][-1] = (*rec[:3], chunk, rec[4])
             for key, value in steps.obs.items():
                 if key == TASK:
@@ -314,37 +338,27 @@ class RolloutEngine:
             valid.append(torch.cat([r[4] for r in recs]))
         return obs_list, outs, chunks, values, valid
 
-    def _chunk_from_steps(self, steps: Any, alive: Tensor) -> dict[str, Any]:
-        """:meth:`_run_chunk`'s result for one half, from its :class:`sim.vector_process.ChunkSteps`."""
+    def _chunk_from_steps(self, steps: Any, alive: Tensor, actions: Tensor, obs: Obs) -> dict[str, Any]:
+        """:meth:`_run_chunk`'s result for one half, from its :class:`sim.core.ChunkSteps`, the chunk
+        ``actions [n, H, A]`` and the decision observation ``obs`` of its envs."""
         ids = steps.env_ids
-        n = len(ids)
-        reward = torch.zeros(n)
-        terms: dict[str, Tensor] = {name: torch.zeros(n) for name in steps.reward_terms}
-        ended = torch.zeros(n, dtype=torch.bool)
-        term = torch.zeros(n, dtype=torch.bool)
-        trunc = torch.zeros(n, dtype=torch.bool)
+        rewards = self.reward(steps, actions, obs)
+        live = first_episode_steps(steps.terminated, steps.truncated)  # [H, n]: steps of the old episode
+        now = (steps.terminated | steps.truncated) & live  # each env's first end, if any
         final: dict[int, Obs] = {}
         episodes: list[tuple[int, EpisodeRecord]] = []
-        for h in range(steps.reward.shape[0]):
-            r, te, tr = steps.reward[h], steps.terminated[h], steps.truncated[h]
-            live = ~ended
-            reward += torch.where(live, r, torch.zeros_like(r))
-            for name, value in steps.reward_terms.items():
-                terms[name] += torch.where(live, value[h], torch.zeros_like(value[h]))
-            now = (te | tr) & live
-            for j in now.nonzero().flatten().tolist():
-                i = ids[j]
-                final[i] = {k: (v[j] if k == TASK else v[j : j + 1]) for k, v in steps.final_obs.items()}
-                if alive[j]:
-                    episodes.append((h, EpisodeRecord(
-                        env=i, task=steps.final_obs[TASK][j], ret=float(steps.episode_return[h, j]),
-                        length=int(steps.episode_length[h, j]), success=bool(steps.success[h, j]),
-                    )))
-            term |= te & live
-            trunc |= tr & live & ~te
-            ended |= now
-        return {"reward": reward, "terms": terms, "term": term, "trunc": trunc, "final": final,
-                "episodes": episodes}
+        for h, j in now.nonzero().tolist():
+            i = ids[j]
+            final[i] = {k: (v[j] if k == TASK else v[j : j + 1]) for k, v in steps.final_obs.items()}
+            if alive[j]:
+                episodes.append((h, EpisodeRecord(
+                    env=i, task=steps.final_obs[TASK][j], ret=float(steps.episode_return[h, j]),
+                    length=int(steps.episode_length[h, j]), success=bool(steps.success[h, j]),
+                )))
+        term = (steps.terminated & live).any(0)
+        trunc = (steps.truncated & live & ~steps.terminated).any(0)
+        return {"reward": rewards.reward, "terms": rewards.terms, "step_terms": rewards.step_terms, "term": term,
+                "trunc": trunc, "final": final, "episodes": episodes}
 
     def _collect(self, num_decisions: int, mode: ActMode, group_ids: Tensor | None, stop_when_all_ended: bool) -> Rollout:
         b = self.env.num_envs
@@ -373,6 +387,8 @@ class RolloutEngine:
             extras={k: torch.stack([o.extras[k].cpu() for o in outs]) for k in outs[0].extras},
             rewards=torch.stack([c["reward"] for c in chunks]),
             reward_terms={n: torch.stack([c["terms"].get(n, torch.zeros(b)) for c in chunks]) for n in term_names},
+            step_reward_terms={n: torch.stack([c["step_terms"].get(n, torch.zeros(self.exec_steps, b)).T
+                                               for c in chunks]) for n in term_names},
             terminated=torch.stack([c["term"] for c in chunks]),
             truncated=torch.stack([c["trunc"] for c in chunks]),
             next_values=next_values,

@@ -16,6 +16,7 @@ import draccus
 
 import policies as _policies  # noqa: F401  (registers the policy modules)
 from policies.registry import POLICIES
+from rewards.config import RewardConfig
 from vla_rl.algorithms import grpo as _grpo  # noqa: F401  (registers the built-in learners)
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
 from vla_rl.algorithms import sft as _sft  # noqa: F401
@@ -136,6 +137,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward terms and weights (:mod:`rewards`); the default is the env's own reward."""
     iterations: int = 20
     """Training iterations (collect + update)."""
     seed: int = 0

@@ -31,7 +31,7 @@ from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
 from vla_rl.evaluation import EvalResult, evaluate_policy
 from vla_rl.policy_factory import build_policy
-from vla_rl.rollout import Rollout, RolloutEngine
+from vla_rl.rollout import Rollout, RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
 from vla_rl.train_config import TrainConfig, training_seed_range
 
@@ -51,8 +51,7 @@ def rollout_scalars(rollout: Rollout) -> dict[str, float]:
         "rollout/success": sum(e.success for e in eps) / len(eps) if eps else nan,
         "rollout/return": sum(e.ret for e in eps) / len(eps) if eps else nan,
         "rollout/length": sum(e.length for e in eps) / len(eps) if eps else nan,
-        "rollout/chunk_reward": float(rollout.rewards[rollout.valid].mean()),
-        **{f"reward/{k}": float(v[rollout.valid].mean()) for k, v in rollout.reward_terms.items()},
+        **reward_scalars(rollout),
     }
 
 
@@ -123,7 +122,7 @@ class Trainer:
     def _loop(self, policy: Policy, learner: Learner, env: Any, eval_env: Any, logger: RunLogger,
               start_iter: int, env_steps: int, best: float | None) -> dict[str, Any]:
         cfg = self.cfg
-        engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
+        engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward)
         learner.check_env(env.spec, engine.exec_steps, cfg.reset_every_iteration)
         engine.total_env_steps = env_steps
         data = self._offline_data(learner, policy)

@@ -138,7 +138,6 @@ class ManiSkillSingleEnv(SingleEnv):
             terminated=bool(terminated[0]),
             truncated=self._t >= self._max_steps,
             success=success,
-            reward_terms={self._options.reward_mode: r, "success": float(success)},
         )
 
     def expert_action(self) -> np.ndarray:

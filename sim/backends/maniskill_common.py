@@ -37,9 +37,9 @@ class ManiSkillOptions(SimOptions):
             else one CPU env per worker process), ``cpu`` or ``gpu``.
         reward_mode: ManiSkill reward returned as ``reward``:
             ``normalized_dense`` (dense shaping scaled to [0, 1]), ``dense``,
-            ``sparse`` (1 on success) or ``none``. The step info's
-            ``reward_terms`` holds this reward under its mode name and the
-            sparse ``success`` term.
+            ``sparse`` (1 on success) or ``none``. It is not decomposed into
+            breakdown terms: the reward layer reports it as the ``env`` term,
+            next to ``success`` (:mod:`rewards.terms`).
         robot_uids: ManiSkill robot id (``panda``, ``panda_wristcam``, ...);
             empty keeps the task's default. ``panda_wristcam`` adds a
             ``hand_camera`` image.

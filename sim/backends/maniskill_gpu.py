@@ -153,10 +153,7 @@ class ManiSkillGPUVecEnv(VecEnv):
         truncated = self._elapsed >= self.spec.max_episode_steps
         done = terminated | truncated
         obs = self._obs(raw)
-        out: dict[str, Any] = {
-            "success": success,
-            "reward_terms": {self._options.reward_mode: reward, "success": success.to(torch.float32)},
-        }
+        out: dict[str, Any] = {"success": success}  # no breakdown terms: the reward is the ``env`` term
         if bool(done.any()):
             ids = done.nonzero().flatten()
             out["final_obs"] = {k: (v.clone() if torch.is_tensor(v) else list(v)) for k, v in obs.items()}

@@ -41,3 +41,21 @@ def test_robot_env_follows_the_vecenv_contract(tmp_path):
     finally:
         env.close()
         adapter.disconnect()
+
+
+def test_a_chunk_on_the_robot_holds_the_last_target_after_the_episode_ends(tmp_path):
+    """Held steps of a chunk send the hold command (the new episode's reference), never zero joint targets."""
+    adapter = LeRobotAdapter(MujocoRobotConfig(model="so101", camera_names=["front"], calibration_dir=tmp_path))
+    adapter.connect()
+    env = RobotEnv(adapter, control_hz=20, max_episode_steps=2, task="reach", safety=SafetyConfig(max_delta=[0.05]))
+    try:
+        env.reset()
+        nudge = torch.full((1, 3, 6), 0.02) + torch.as_tensor(env.still_actions())[:, None]
+        steps = env.step_chunk(nudge)  # ends after step 2; step 3 is held
+        assert steps.truncated[:, 0].tolist() == [False, True, False]
+        reference = env.guard.envelope.reference.copy()  # the new episode's reference, set at its auto-reset
+        assert np.allclose(adapter.robot.arm.targets, reference, atol=1e-6)
+        assert not np.allclose(adapter.robot.arm.targets, 0.0)
+    finally:
+        env.close()
+        adapter.disconnect()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from rewards.terms import env_step_terms
 from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, list_envs, make_env
 
 pytest.importorskip("gym_hil", reason="gym-hil is not installed (pip install 'gym-hil==0.1.14')")
@@ -47,6 +48,7 @@ def test_images_state_instruction_and_fast_render_settings():
         obs, reward, _, _, info = vec.step(torch.zeros(1, 4))
         assert set(info["reward_terms"]) == {"task", "discrete_penalty"}
         assert torch.allclose(reward, info["reward_terms"]["task"] + info["reward_terms"]["discrete_penalty"])
+        assert set(env_step_terms(reward, info)) == {"env", "success", "task", "discrete_penalty"}
     finally:
         vec.close()
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from rewards.terms import env_step_terms
 from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, list_envs, make_env
 from sim.backends import libero as backend
 
@@ -233,6 +234,8 @@ def test_success_gives_reward_one_and_terminates(rgb_env):
     sim.forward()
     obs, reward, term, trunc, info = rgb_env.step(torch.tensor([[0, 0, 0, 0, 0, 0, -1.0]]))
     assert reward.tolist() == [1.0] and term.tolist() == [True] and info["success"].tolist() == [True]
+    terms = env_step_terms(reward, info)  # LIBERO's reward is its success: env == success, no breakdown
+    assert set(terms) == {"env", "success"} and terms["env"].tolist() == terms["success"].tolist() == [1.0]
     assert trunc.tolist() == [False]
     assert info["episode"]["return"].tolist() == [1.0] and info["episode"]["length"].tolist() == [1]
     # Auto-reset: the new episode does not start from the solved scene.

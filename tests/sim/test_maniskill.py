@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from rewards.terms import env_terms
 from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, image_key, list_envs, make_env
 from sim.backends.maniskill_common import ManiSkillOptions, default_lavapipe_icd, vulkan_error, vulkan_message
 from sim.backends.maniskill_tasks import TASKS
@@ -173,8 +174,12 @@ def test_state_observations_match_the_simulator(pick_env) -> None:
     assert abs(cube[2] - 0.02) < 1e-3 and abs(np.linalg.norm(cube[3:]) - 1.0) < 1e-4  # resting, unit quaternion
     _, reward, term, trunc, info = env.step(torch.zeros(1, 7))
     assert reward.shape == (1,) and 0.0 <= float(reward[0]) <= 1.0  # normalized_dense
-    assert set(info["reward_terms"]) == {"normalized_dense", "success"}
+    assert "reward_terms" not in info  # ManiSkill's reward is not decomposed: it is the ``env`` term
     assert info["success"].dtype == torch.bool and not bool(term[0] or trunc[0])
+    steps = env.step_chunk(torch.zeros(1, 2, 7))
+    terms = env_terms(steps)  # the documented terms, as on every backend
+    assert set(terms) == {"env", "success"}
+    assert torch.equal(terms["env"], steps.reward) and torch.equal(terms["success"], steps.success.float())
 
 
 def test_seeded_resets_are_reproducible(pick_env) -> None:
@@ -282,6 +287,10 @@ def test_gpu_vec_env_logic_on_physx_cpu(icd: str) -> None:
         assert env.expert_actions().shape == (1, 7)
         with pytest.raises(EnvError, match="action shape"):
             env.step(torch.zeros(2, 7))
+        env.reset(seed=4)
+        steps = env.step_chunk(torch.zeros(1, 4, 7))  # VecEnv's default chunk runner: ends at step 3, then holds
+        assert steps.truncated[:, 0].tolist() == [False, False, True, False]
+        assert set(env_terms(steps)) == {"env", "success"}
     finally:
         env.close()
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from rewards.terms import env_step_terms, env_terms
 from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, list_envs, make_env
 from sim.mujoco_tasks.env import TabletopConfig, TabletopEnv
 from sim.mujoco_tasks.tasks import (
@@ -166,6 +167,14 @@ def test_reward_is_the_sum_of_terms_and_potential_shaping_telescopes():
     _, reward, _, _, info = vec.step(vec.expert_actions())
     assert set(info["reward_terms"]) == set(REWARD_TERMS)
     assert torch.allclose(reward, sum(info["reward_terms"].values()))
+    # the documented terms (rewards.terms): env (= the reward), success (= the flag), and the breakdown
+    terms = env_step_terms(reward, info)
+    assert set(terms) == {"env", "success", *REWARD_TERMS}
+    assert torch.equal(terms["env"], reward) and torch.equal(terms["success"], info["success"].float())
+    steps = vec.step_chunk(vec.expert_actions()[:, None].repeat(1, 3, 1))
+    chunk_terms = env_terms(steps)
+    assert set(chunk_terms) == set(terms) and torch.equal(chunk_terms["env"], steps.reward)
+    assert torch.allclose(steps.reward, sum(chunk_terms[k] for k in REWARD_TERMS))
     vec.close()
 
 

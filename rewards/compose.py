@@ -1,0 +1,126 @@
+"""Turn one chunk's outcome into the learner's rewards: the one place term weights are applied.
+
+:class:`RewardFunction` evaluates the configured terms on a chunk (env terms straight from the
+:class:`sim.core.ChunkSteps`, computed terms step by step from a :class:`rewards.terms.StepInput`),
+applies the weights (:func:`weighted_step_reward`) and sums the steps that belong to each env's episode
+(:func:`chunk_sum`). A term the env reports is read from the env; any other configured name is
+called step by step (an unknown one raises :class:`rewards.terms.RewardTermError` on the first
+chunk). The sums run in float32 in step order, so with the default config (``{env: 1}``)
+the decision rewards are bit-identical to summing the env's step rewards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rewards.config import RewardConfig
+from rewards.terms import RewardTerm, StepInput, env_terms, make_term
+from sim.chunk import first_episode_steps
+from sim.core import ChunkSteps, Obs
+
+
+@dataclass
+class ChunkReward:
+    """The rewards of one chunk on ``n`` envs.
+
+    Attributes:
+        reward: ``float32 [n]`` the decision reward: the weighted step rewards summed over the steps of
+            each env's episode (the held steps after its end excluded).
+        step_reward: ``float32 [H, n]`` the weighted reward per step (0 on held steps).
+        terms: name -> ``float32 [n]`` each term summed like ``reward`` (every env term and every
+            configured term).
+        step_terms: name -> ``float32 [H, n]`` each term per step (0 on held steps).
+    """
+
+    reward: Tensor
+    step_reward: Tensor
+    terms: dict[str, Tensor]
+    step_terms: dict[str, Tensor]
+
+
+def weighted_step_reward(terms: dict[str, Tensor], weights: Sequence[tuple[str, float]]) -> Tensor:
+    """``sum_k weight_k * terms[k]`` in float32, in the order of ``weights``, starting from 0.
+
+    Args:
+        terms: name -> ``[H, n]`` (or any common shape) term values.
+        weights: ``[(name, weight)]``; every name must be in ``terms``.
+
+    Returns:
+        ``float32`` tensor of the terms' shape. A single term of weight 1 is returned bit for bit.
+    """
+    first = terms[weights[0][0]]
+    out = torch.zeros(first.shape, dtype=torch.float32)
+    for name, weight in weights:
+        out = out + weight * terms[name].float()
+    return out
+
+
+def chunk_sum(per_step: Tensor, live: Tensor) -> Tensor:
+    """Sum ``per_step [H, n]`` over the steps where ``live [H, n]``, one step after the other (float32).
+
+    The sequential order is part of the contract: the decision rewards fed to GAE must not change
+    with the reward seam (float32 addition is not associative).
+    """
+    out = torch.zeros(per_step.shape[1], dtype=torch.float32)
+    for h in range(per_step.shape[0]):
+        out += torch.where(live[h], per_step[h], torch.zeros_like(per_step[h]))
+    return out
+
+
+class RewardFunction:
+    """The configured reward of one env (see module doc).
+
+    Args:
+        config: the terms and weights.
+        env_id: the env's id, named in errors.
+    """
+
+    def __init__(self, config: RewardConfig, env_id: str) -> None:
+        self.config = config
+        self.env_id = env_id
+        self.weights = config.weights()
+        self._terms: dict[str, RewardTerm] = {name: make_term(name) for name, _ in self.weights}
+
+    def __call__(self, steps: ChunkSteps, actions: Tensor, obs: Obs) -> ChunkReward:
+        """The rewards of one chunk.
+
+        Args:
+            steps: the chunk's outcome on ``n`` envs, ``H`` steps.
+            actions: ``[n, >=H, A]`` the chunk the policy chose (its first ``H`` steps were executed,
+                held envs' rows replaced by zeros as :mod:`sim.chunk` does).
+            obs: the decision observation of the ``n`` envs.
+
+        Raises:
+            rewards.terms.RewardTermError: for a configured term the env does not report and no registered term
+                computes (names the term, the env id and the env's terms).
+        """
+        live = first_episode_steps(steps.terminated.cpu(), steps.truncated.cpu())
+        values = env_terms(steps)
+        horizon = live.shape[0]
+        executed: Tensor | None = None
+        for name, term in self._terms.items():
+            if name in values:  # reported by the env: read straight from the chunk
+                continue
+            if executed is None:  # [n, H, A]; held steps ran zero actions
+                executed = torch.where(live.T[:, :, None], actions[:, :horizon].float().cpu(), 0.0)
+            per_step = []
+            for h in range(horizon):
+                step = StepInput(
+                    env_id=self.env_id, step=h, obs=obs, action=executed[:, h],
+                    env_terms={k: v[h] for k, v in values.items()}, success=steps.success[h].cpu(),
+                    terminated=steps.terminated[h].cpu(), truncated=steps.truncated[h].cpu(),
+                )
+                per_step.append(term(step).float().cpu().reshape(-1))
+            values[name] = torch.stack(per_step)
+        step_reward = weighted_step_reward(values, self.weights)
+        zero = torch.zeros((), dtype=torch.float32)
+        return ChunkReward(
+            reward=chunk_sum(step_reward, live),
+            step_reward=torch.where(live, step_reward, zero),
+            terms={k: chunk_sum(v, live) for k, v in values.items()},
+            step_terms={k: torch.where(live, v, zero) for k, v in values.items()},
+        )

@@ -1,0 +1,43 @@
+"""The reward configuration: which named terms make the learner's reward, with which weights."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rewards.terms import ENV
+
+
+def _default_terms() -> dict[str, float]:
+    return {ENV: 1.0}
+
+
+@dataclass
+class RewardConfig:
+    """The reward the learner sees: a weighted sum of named terms (:mod:`rewards.terms`).
+
+    The step reward is ``sum_k weight_k * term_k`` over ``terms`` in order; a decision's reward is the
+    sum of its chunk's step rewards (up to the step its episode ended, :mod:`sim.chunk`). Every term
+    the env reports and every configured term is stored per step and per decision and logged as
+    ``reward/<term>``, whatever its weight.
+    """
+
+    terms: dict[str, float] = field(default_factory=_default_terms)
+    """Term name -> weight. Names: ``env`` (the simulator's own reward in the backend's reward mode),
+    ``success`` (1 on each step the env reports success), a backend breakdown term (MuJoCo tabletop:
+    ``reach``, ``grasp``, ``lift``, ``place``) or a computed term (``action_magnitude``; a cost, so
+    weight it negatively). The default ``{env: 1.0}`` is each backend's own reward, what training
+    always used: the chunk rewards are then bit-identical to the env's summed step rewards."""
+
+    def __post_init__(self) -> None:
+        if not self.terms:
+            raise ValueError("reward.terms is empty: give at least one term, e.g. {env: 1.0}")
+        for name, weight in self.terms.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"reward.terms: term names must be non-empty strings, got {name!r}")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ValueError(f"reward.terms.{name}: the weight must be a finite number, got {weight!r}")
+
+    def weights(self) -> list[tuple[str, float]]:
+        """``[(term, weight)]`` in the configured order, weights as floats."""
+        return [(name, float(w)) for name, w in self.terms.items()]

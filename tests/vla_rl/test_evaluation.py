@@ -1,0 +1,43 @@
+"""Evaluation runs chunks as training does: an env that ends mid-chunk is held, never continues the old chunk."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from sim.core import OBS_STATE
+from sim.vector import SerialVecEnv
+from tests.sim.toy_env import CounterEnv
+from vla_rl.evaluation import evaluate_episodes
+
+
+def test_an_env_that_ends_mid_chunk_does_not_run_the_old_chunk_in_its_new_episode():
+    env = SerialVecEnv([functools.partial(CounterEnv, episode_steps=3, goal=100.0) for _ in range(2)], "toy/counter")
+    seen: list[torch.Tensor] = []
+
+    def act(obs):
+        seen.append(obs[OBS_STATE].clone())
+        return torch.tensor([0.1, 0.1, 0.1, 5.0])[None, :, None].repeat(2, 1, 1)  # step 4 would be a jump
+
+    res = evaluate_episodes(env, act, episodes=4, seed=0, progress=False)
+    assert res.episodes == 4 and res.mean_length == 3.0
+    # decision 1 starts one held step into the new episode: position still its reset value, t = 1
+    assert seen[1][:, 1].tolist() == [1.0, 1.0] and (seen[1][:, 0] < 0.25).all()
+    env.close()
+
+
+def test_evaluation_is_deterministic_with_chunks_and_video_frames_per_step(tmp_path):
+    def run(video):
+        env = SerialVecEnv([functools.partial(CounterEnv, episode_steps=3, goal=0.35) for _ in range(3)], "toy/counter")
+        try:
+            return evaluate_episodes(env, lambda obs: torch.full((3, 2, 1), 0.2), episodes=5, seed=7,
+                                     video_path=video, progress=False)
+        finally:
+            env.close()
+
+    plain = run(None)
+    assert plain.episodes == 5 and plain == run(None)
+    recorded = run(tmp_path / "eval.mp4")
+    assert (recorded.success_rate, recorded.mean_return, recorded.mean_length) == (
+        plain.success_rate, plain.mean_return, plain.mean_length)
