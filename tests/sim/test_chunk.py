@@ -10,7 +10,8 @@ import torch
 
 from sim.chunk import ChunkHold, first_episode_steps
 from sim.core import OBS_STATE
-from sim.vector import SerialVecEnv, build_vec_env
+from sim.vector import SerialVecEnv
+from sim.vectorize import build_vec_env
 from tests.sim.toy_env import CounterEnv
 
 
