@@ -7,8 +7,12 @@ import ``sim``): ``observation.images.<camera>`` ``uint8 [B, H, W, 3]``,
 A checkpoint folder holds ``config.json`` (the policy config plus ``"type"``,
 the :data:`policies.registry.POLICIES` name) and ``model.safetensors``; it is
 written to a temporary sibling folder and renamed into place, so a crash never
-leaves a half-written checkpoint. :func:`checkpoint_type` reads ``"type"``;
-:func:`policies.loading.load_policy` dispatches on it through the registry.
+leaves a half-written checkpoint. Every folder written through
+:func:`atomic_directory` gets a ``manifest.json`` (:mod:`vla_core.manifest`) before
+the rename; :func:`verify_policy_folder` checks it (or, for a folder without one,
+the JSON and safetensors files alone) and names the damaged file.
+:func:`checkpoint_type` reads ``"type"``; :func:`policies.loading.load_policy`
+dispatches on it through the registry.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_core.keys import OBS_ENV_STATE, OBS_IMAGE_PREFIX, OBS_STATE, TASK  # noqa: F401  (re-exported)
+from vla_core.manifest import IntegrityError, check_safetensors, fsync_dir, verify_manifest, write_manifest
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -39,7 +44,7 @@ class ObservationError(ValueError):
 
 
 class CheckpointError(ValueError):
-    """A checkpoint folder that is missing files or holds another policy type."""
+    """A checkpoint folder that is missing, misses files, holds damaged files or another policy type."""
 
 
 def image_key(camera: str) -> str:
@@ -55,6 +60,52 @@ def checkpoint_config(path: str | Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def read_json_file(path: str | Path) -> Any:
+    """The parsed JSON of file ``path``.
+
+    Raises:
+        CheckpointError: naming the file, and the line and column for malformed JSON (one sentence).
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not valid JSON (not UTF-8 text; a corrupted file?)") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def verify_policy_folder(directory: str | Path) -> bool:
+    """Check a policy folder before loading it, naming the file at fault.
+
+    A folder with a ``manifest.json`` is checked against it (sizes and sha256 of every file). Without one
+    (written before manifests, or by another tool) each ``*.json`` file at its top level must parse and each
+    ``*.safetensors`` file must be as long as its header says.
+
+    Returns:
+        True when a manifest verified the folder; False when it has none (checked file by file only).
+
+    Raises:
+        CheckpointError: for a missing folder, or a file that is missing, truncated, altered or malformed.
+    """
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such policy folder" if not folder.exists() else
+                              f"{folder}: not a folder; a policy checkpoint is a folder with {CONFIG_FILE}")
+    try:
+        verified = verify_manifest(folder)
+        if not verified:
+            for path in sorted(folder.glob("*.safetensors")):
+                check_safetensors(path)
+    except IntegrityError as exc:
+        raise CheckpointError(str(exc)) from None
+    for path in sorted(folder.glob("*.json")):
+        read_json_file(path)
+    return verified
 
 
 def checkpoint_cameras(path: str | Path) -> tuple[str, ...] | None:
@@ -151,17 +202,22 @@ def atomic_directory(directory: str | Path) -> Iterator[Path]:
 
     An existing ``directory`` is moved aside first and deleted after the swap; if
     the block raises, the temporary folder is removed and ``directory`` is untouched.
+    Before the swap the folder gets its ``manifest.json`` (every file fsync'ed, the
+    manifest written last, see :func:`vla_core.manifest.write_manifest`); after it the
+    parent folder is fsync'ed, so the rename itself survives a power cut.
     """
     target = Path(directory).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         yield tmp
+        write_manifest(tmp)
         old = None
         if target.exists():
             old = target.parent / f".{target.name}.old-{os.getpid()}"
             os.replace(target, old)
         os.replace(tmp, target)
+        fsync_dir(target.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
@@ -190,13 +246,21 @@ def read_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, to
     """Read ``(config dict, tensors)`` from a folder written by :func:`write_checkpoint`.
 
     Raises:
-        CheckpointError: naming the folder and the missing file.
+        CheckpointError: naming the folder and the missing file, or the file that is malformed or truncated.
     """
     folder = Path(directory)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such policy folder")
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (folder / name).is_file():
             raise CheckpointError(f"{folder}: no {name}; is this a vla-rl policy checkpoint folder?")
-    config = json.loads((folder / CONFIG_FILE).read_text())
+    config = read_json_file(folder / CONFIG_FILE)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{folder / CONFIG_FILE}: expected a JSON object (the policy config)")
+    try:
+        check_safetensors(folder / WEIGHTS_FILE)
+    except IntegrityError as exc:
+        raise CheckpointError(str(exc)) from None
     return config, load_file(str(folder / WEIGHTS_FILE))
 
 
@@ -204,12 +268,16 @@ def checkpoint_type(directory: str | Path) -> str:
     """The registry name stored under ``"type"`` in ``directory/config.json``.
 
     Raises:
-        CheckpointError: if the file or the key is missing.
+        CheckpointError: if the folder, the file or the key is missing, or the file is not a JSON object (naming
+            its line).
     """
     path = Path(directory) / CONFIG_FILE
+    if not Path(directory).is_dir():
+        raise CheckpointError(f"{directory}: no such policy folder")
     if not path.is_file():
         raise CheckpointError(f"{directory}: no {CONFIG_FILE}; is this a vla-rl policy checkpoint folder?")
-    kind = json.loads(path.read_text()).get("type")
+    data = read_json_file(path)
+    kind = data.get("type") if isinstance(data, dict) else None
     if not isinstance(kind, str):
         raise CheckpointError(f"{path}: missing the string key 'type' (the policy registry name)")
     return kind

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from policies.base import Policy
 from vla_core.keys import OBS_IMAGE_PREFIX
+from vla_core.manifest import fsync_dir, write_manifest
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 from vla_rl.data.dataset import load_chunks, policy_inputs
 
@@ -271,6 +272,7 @@ def pretrain_on_dataset(policy: Policy, root: str | Path, cfg: SFTConfig, seed: 
 def save_sft_policy(policy: Policy, directory: str | Path, stats: dict[str, Any]) -> Path:
     """Write ``policy`` (``save_pretrained``) and ``sft.json`` (``stats``) to ``directory`` atomically: into
     ``.<name>.tmp`` beside it, then renamed, so ``directory`` either holds the whole policy or does not exist.
+    Its ``manifest.json`` (:mod:`vla_core.manifest`) is rewritten after ``sft.json`` so that it lists every file.
 
     Returns:
         ``directory``.
@@ -286,5 +288,7 @@ def save_sft_policy(policy: Policy, directory: str | Path, stats: dict[str, Any]
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(tmp)
     (tmp / "sft.json").write_text(json.dumps(stats))
+    write_manifest(tmp)
     os.replace(tmp, out)
+    fsync_dir(out.parent)
     return out

@@ -59,6 +59,15 @@ class Trainer:
     """Run :class:`TrainConfig` (see module doc). ``run()`` returns the final evaluation."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        """Check what can be checked before any env is built.
+
+        Raises:
+            ConfigError: for a ``policy.path`` that is not a folder.
+            RegistryError: for an unknown ``algo.type``.
+        """
+        if cfg.policy.path and not Path(cfg.policy.path).is_dir():
+            raise ConfigError(f"policy.path: {cfg.policy.path} is not a folder; expected a policy folder with "
+                              "config.json and model.safetensors (e.g. <run>/checkpoints/best/policy)")
         if cfg.policy.path:  # e.g. the quickstart's policy, which reads a wrist camera
             env = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path)
             cfg = dataclasses.replace(cfg, env=env)
@@ -85,7 +94,7 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        resume_from = ckpt.latest_checkpoint(self.ckpt_dir) if cfg.resume else None
+        resume_from = ckpt.resume_checkpoint(self.ckpt_dir) if cfg.resume else None
         if cfg.resume and resume_from is None and (self.run_dir / "metrics.jsonl").exists():
             print(f"no complete checkpoint in {self.ckpt_dir}; starting from scratch")
         if not cfg.resume and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
@@ -96,7 +105,7 @@ class Trainer:
         try:
             eval_env = cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed)
             if resume_from is not None:
-                policy = load_policy(resume_from / "policy")
+                policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)  # resume_checkpoint verified it
             else:
                 policy = build_policy(cfg, env.spec)
             learner: Learner = self.learner_cls(cfg.algo, policy)
