@@ -3,6 +3,21 @@
 Commands are registered in :data:`vla_rl.commands.COMMANDS` with their config
 dataclass; arguments are parsed by draccus. A misspelled key or a value of the
 wrong type stops with the key's path and exit code 2.
+
+Errors are one line on stderr, ``vla-rl <command>: <what is wrong, where, what was
+expected>``, and the exit code says whose it is:
+
+- **2, bad input**: a config value, preset, dataset, checkpoint or policy folder that
+  cannot work (:class:`vla_rl.config.ConfigError` and its ``DatasetError``,
+  :class:`policies.io.CheckpointError`, :class:`vla_core.manifest.IntegrityError`,
+  ``ObservationError``, ``BackboneError``, an unknown registry name, a preset that is
+  missing or not YAML);
+- **1, runtime failure**: the simulator (``EnvError``), the file system (``OSError``:
+  an output folder that exists, a full disk) or an unexpected error;
+- **130**: interrupted (Ctrl-C).
+
+The traceback is printed only with ``--debug`` (anywhere on the command line) or the
+environment variable ``VLA_RL_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -132,7 +147,18 @@ def parse_config(config_class: type, args: Sequence[str], prog: str | None = Non
 
     import yaml
 
-    preset = yaml.safe_load(Path(config_path).read_text()) if config_path else None
+    try:
+        preset = yaml.safe_load(Path(config_path).read_text()) if config_path else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        print(f"vla-rl: invalid config: {config_path}:{where} not valid YAML ({getattr(exc, 'problem', None) or exc})",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    if preset is not None and not isinstance(preset, dict):
+        print(f"vla-rl: invalid config: {config_path}: expected a YAML mapping of fields, got {type(preset).__name__}",
+              file=sys.stderr)
+        raise SystemExit(2)
     base = _factory_defaults(config_class, preset or {}, args)
     layered = _merge(_merge(base, _checkpoint_sampler(base, preset or {}, args)), preset or {})
     with tempfile.TemporaryDirectory(prefix="vla-rl-config-") as tmp:
@@ -244,6 +270,28 @@ def _merge(base: Any, over: Any) -> Any:
     return {**base, **{k: _merge(base[k], v) if k in base else v for k, v in over.items()}}
 
 
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "VLA_RL_DEBUG"
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The project's error types that mean bad input (exit code 2; see the module doc)."""
+    from policies.autoregressive.backbones import BackboneError
+    from policies.io import CheckpointError, ObservationError
+    from rewards.terms import RewardTermError
+    from vla_core.manifest import IntegrityError
+    from vla_core.registry import RegistryError
+    from vla_rl.config import ConfigError
+
+    return ConfigError, CheckpointError, IntegrityError, ObservationError, BackboneError, RegistryError, RewardTermError
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message as one line (a KeyError's without its quotes)."""
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return " ".join(part.strip() for part in text.strip().splitlines() if part.strip()) or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``vla-rl`` console script: run the command, exit 0 (errors exit non-zero)."""
     run(argv)
@@ -251,9 +299,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(argv: Sequence[str] | None = None) -> object:
-    """Run ``vla-rl <command> ...`` and return the command's result (used by tests and notebooks)."""
+    """Run ``vla-rl <command> ...`` and return the command's result (used by tests and notebooks).
+
+    Raises:
+        SystemExit: 2 for bad input, 1 for a runtime failure, 130 when interrupted, each after one line on
+            stderr (see the module doc); with ``--debug`` or ``VLA_RL_DEBUG=1`` errors propagate with their
+            traceback instead.
+    """
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    argv = [a for a in argv if a != DEBUG_FLAG]
     from vla_rl.commands import COMMANDS
 
     _load_commands()
@@ -265,24 +321,40 @@ def run(argv: Sequence[str] | None = None) -> object:
         print(f"vla-rl: {COMMANDS.unknown_message(name)}", file=sys.stderr)
         raise SystemExit(2)
     entry = COMMANDS.get(name)
+    bad_input = _bad_input_errors()
     # A command registered without a config parses its own arguments.
-    cfg = rest if entry.config is None else parse_config(entry.config, rest, prog=f"vla-rl {name}")
+    try:
+        cfg = rest if entry.config is None else parse_config(entry.config, rest, prog=f"vla-rl {name}")
+    except (*bad_input, FileNotFoundError) as exc:  # an unknown preset, a missing --config_path file
+        if debug:
+            raise
+        print(f"vla-rl {name}: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from sim import EnvError
-    from vla_rl.config import ConfigError
-
     try:
         return entry.obj(cfg)
-    except (EnvError, ConfigError, FileNotFoundError, FileExistsError) as exc:
-        print(f"vla-rl {name}: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+    except bad_input as exc:
+        if debug:
+            raise
+        print(f"vla-rl {name}: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
     except KeyboardInterrupt:
         hint = " The last checkpoint is kept; rerun the same command with --resume true to continue." if hasattr(
             cfg, "resume") else ""
         print(f"\nvla-rl {name}: interrupted.{hint}", flush=True)
         raise SystemExit(130) from None
+    except Exception as exc:  # EnvError, OSError (an output folder that exists, a full disk), anything else
+        if debug:
+            raise
+        from sim import EnvError
+
+        known = isinstance(exc, EnvError | OSError)
+        what = _one_line(exc) if known else f"{type(exc).__name__}: {_one_line(exc)}"
+        hint = "" if known else f" (rerun with {DEBUG_FLAG} or {DEBUG_ENV}=1 for the traceback)"
+        print(f"vla-rl {name}: {what}{hint}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

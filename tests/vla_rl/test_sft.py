@@ -65,7 +65,7 @@ def test_sft_errors_name_the_feature_and_both_shapes(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # the checkpoint reads a camera the dataset lacks
         _sft(state_only, tmp_path / "x", "--steps", "1", "--policy.path", str(trained))
     err = capsys.readouterr().err.strip()
-    assert exc.value.code == 1 and len(err.splitlines()) == 1
+    assert exc.value.code == 2 and len(err.splitlines()) == 1  # a DatasetError: bad input
     assert str(state_only) in err and "'observation.images.front'" in err
     import numpy as np
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -84,11 +84,11 @@ def test_sft_errors_name_the_feature_and_both_shapes(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         _sft(tmp_path / "wide", tmp_path / "y", "--steps", "1", "--policy.path", str(trained))
     err = capsys.readouterr().err.strip()
-    assert exc.value.code == 1 and len(err.splitlines()) == 1
+    assert exc.value.code == 2 and len(err.splitlines()) == 1  # a DatasetError: bad input
     assert f"'observation.state' has shape ({STATE + 1},) in the dataset but the policy expects ({STATE},)" in err
     with pytest.raises(SystemExit) as exc:
         run(["sft", "--steps", "1"])
-    assert exc.value.code == 1 and "--dataset is required" in capsys.readouterr().err
+    assert exc.value.code == 2 and "--dataset is required" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         run(["sft", "--dataset", str(state_only), "--stop_at_success", "0.5"])
     assert exc.value.code == 2 and "--env.id" in capsys.readouterr().err
@@ -164,4 +164,4 @@ def test_the_sft_learner_needs_a_dataset(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         run(["train", "--algo.type", "sft", *TINY, "--env.id", "mujoco/pick-red", "--env.obs_mode", "state",
              "--env.num_workers", "0", "--run_dir", str(tmp_path / "run"), "--logging.wandb", "false"])
-    assert exc.value.code == 1 and "--data.path" in capsys.readouterr().err
+    assert exc.value.code == 2 and "--data.path" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import torch
 
 from sim import Obs, VecEnv, list_envs
 from vla_rl.commands import COMMANDS
-from vla_rl.config import RolloutConfig, default_runs_dir
+from vla_rl.config import ConfigError, RolloutConfig, default_runs_dir
 from vla_rl.evaluation import EvalResult, evaluate_episodes, evaluate_policy
 
 ActionFn = Callable[[Obs], torch.Tensor]  # obs -> actions [B, H, A]
@@ -21,7 +21,7 @@ def action_source(name: str, env: VecEnv, seed: int) -> ActionFn:
     """``random`` (uniform in the action box) or ``expert`` actions.
 
     Raises:
-        ValueError: for any other name (a checkpoint folder is evaluated by :func:`rollout` itself).
+        ConfigError: for any other name (a checkpoint folder is evaluated by :func:`rollout` itself).
     """
     if name == "random":
         gen = torch.Generator().manual_seed(seed)
@@ -29,13 +29,22 @@ def action_source(name: str, env: VecEnv, seed: int) -> ActionFn:
         return lambda obs: torch.rand(shape, generator=gen) * 2 - 1
     if name == "expert":
         return lambda obs: env.expert_actions()[:, None, :]
-    raise ValueError(f"policy: expected 'random', 'expert' or a checkpoint folder, got {name!r}")
+    raise ConfigError(f"policy: expected 'random', 'expert' or a checkpoint folder, got {name!r}")
 
 
 @COMMANDS.register("rollout", config=RolloutConfig, help="run a policy (random, expert or checkpoint) in an env")
 def rollout(cfg: RolloutConfig) -> EvalResult:
+    """Run ``cfg.policy`` in ``cfg.env`` for ``cfg.episodes`` episodes and write ``rollout.json``.
+
+    Raises:
+        ConfigError: for a ``policy`` that is neither ``random``, ``expert`` nor an existing folder.
+        CheckpointError: for a policy folder with a missing, damaged or malformed file (naming it).
+    """
     out = Path(cfg.output_dir) if cfg.output_dir else default_runs_dir() / f"rollout-{cfg.env.id.replace('/', '-')}"
     policy = None
+    if cfg.policy not in ("random", "expert") and not Path(cfg.policy).is_dir():
+        raise ConfigError(f"policy: {cfg.policy!r} is neither a known policy name (random, expert) nor a policy "
+                          "folder (one with config.json and model.safetensors)")
     if cfg.policy not in ("random", "expert"):  # a checkpoint folder
         from policies.io import checkpoint_cameras
         from policies.loading import load_policy
