@@ -103,8 +103,8 @@ def test_sigkill_mid_iteration_then_resume_continues_exactly(tmp_path):
                 assert b[step].get(key, 0) is None, (step, key)
             else:
                 assert b[step].get(key) == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
-    wa = torch.load(straight / "checkpoints" / "iter_000008" / "trainer.pt", weights_only=False)
-    wb = torch.load(killed / "checkpoints" / "iter_000008" / "trainer.pt", weights_only=False)
+    wa = torch.load(straight / "checkpoints" / "iter_000008" / "trainer.pt", weights_only=True)
+    wb = torch.load(killed / "checkpoints" / "iter_000008" / "trainer.pt", weights_only=True)
     assert torch.equal(wa["rng"]["torch"], wb["rng"]["torch"])
     from safetensors.torch import load_file
 
