@@ -163,8 +163,8 @@ class Trainer:
                 scalars.update(res.scalars())
                 last = res
             logger.log(step, scalars)
-            bar.set_postfix(success=f"{scalars.get('rollout/success', float('nan')):.2f}",
-                            ret=f"{scalars.get('rollout/return', float('nan')):.2f}",
+            shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
+            bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
                             eval=f"{last.success_rate:.2f}" if last else "-")
             if is_last or done_iter % cfg.checkpoint_every == 0:
                 saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, {
