@@ -105,6 +105,9 @@ if [ -z "${LIBERO_CONFIG_PATH:-}" ]; then
 fi
 
 export PATH="$VLA_RL_VENV/bin:$PATH"
+# This clone's packages come first on the path, whichever clone the shared venv's editable install points at:
+# two checkouts used at the same time (a branch and main, a test run beside a training run) each run their own code.
+export PYTHONPATH="$VLA_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export LP_NUM_THREADS="${LP_NUM_THREADS:-1}"
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
