@@ -20,6 +20,11 @@ from typing import Any
 from policies.base import Policy
 from vla_core.registry import Registry
 
+MAX_CHUNK = 4
+"""Action chunk of the tiny variants at most (the hub-checkpoint stand-ins act in chunks of exactly this)."""
+MAX_DENOISE_STEPS = 2
+"""Denoising steps of a tiny flow policy's sampler at most."""
+
 Builder = Callable[[Any, dict[str, Any]], Policy]
 """``(shrunk policy config, env-derived fields) -> tiny policy``. The fields are those of
 :func:`vla_rl.policy_factory.spec_fields`: ``action_dim``, ``cameras``, ``state_dim``, ``image_size``..."""
@@ -42,21 +47,21 @@ class SmokeVariant:
     sets: dict[str, Any] = field(default_factory=dict)
     builder: Builder | None = None
 
-    def shrink(self, config: Any, max_chunk: int, max_denoise_steps: int) -> Any:
-        """``config`` with :attr:`sets` applied, :attr:`caps` (and ``chunk_size`` to ``max_chunk`` where capped)
-        enforced, and a flow ``sampler``'s denoising steps capped at ``max_denoise_steps``."""
+    def shrink(self, config: Any) -> Any:
+        """``config`` with :attr:`sets` applied, :attr:`caps` enforced (:func:`cap`), and a flow ``sampler``'s
+        denoising steps capped at :data:`MAX_DENOISE_STEPS`."""
         names = {f.name for f in dataclasses.fields(config)}
         changes: dict[str, Any] = {k: v for k, v in self.sets.items() if k in names}
-        changes.update({k: _cap(getattr(config, k), min(c, max_chunk) if k == "chunk_size" else c)
-                        for k, c in self.caps.items() if k in names})
+        changes.update({k: cap(getattr(config, k), c) for k, c in self.caps.items() if k in names})
         if "sampler" in names:
             sampler = config.sampler
-            changes["sampler"] = dataclasses.replace(sampler, num_steps=min(sampler.num_steps, max_denoise_steps))
+            changes["sampler"] = dataclasses.replace(sampler, num_steps=min(sampler.num_steps, MAX_DENOISE_STEPS))
         return dataclasses.replace(config, **changes)
 
 
-def _cap(value: int, cap: int) -> int:
-    return min(value, cap) if value > 0 else cap
+def cap(value: int, limit: int) -> int:
+    """``value`` capped at ``limit``; a value <= 0 ("the default", "unlimited") becomes ``limit``."""
+    return min(value, limit) if value > 0 else limit
 
 
 SMOKE_VARIANTS: Registry = Registry("policy smoke variant")

@@ -4,7 +4,8 @@ Full-size presets in ``configs/`` carry the GPU settings (hundreds of envs,
 hub checkpoints, thousands of iterations). ``--smoke true`` keeps everything
 that makes the preset what it is (env id, policy type, sampler kind and mode,
 algorithm, log-prob level, critic placement, warmup...) and shrinks the rest.
-This module is the only place that knows what "small" means:
+This module says what "small" means for the run (the policy's own sizes, chunk
+and denoising steps are :mod:`policies.smoke`'s):
 
 - sizes are *capped*, never raised: ``num_envs <= 2``, ``iterations <= 2``,
   ``max_episode_steps <= 8``, ``decisions_per_iter`` just enough for one
@@ -29,7 +30,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from policies.smoke import SMOKE_VARIANTS, SmokeVariant
+from policies.smoke import MAX_CHUNK, SMOKE_VARIANTS, SmokeVariant, cap
 from vla_rl.algorithms.base import SmokeLimits
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ MAX_ITERATIONS = 2
 MAX_EPISODE_STEPS = 8
 MAX_DECISIONS = 2
 MAX_GROUP = 2
-MAX_CHUNK = 4
-MAX_DENOISE_STEPS = 2
 IMAGE_SIZE = 32
 EVAL_EPISODES = 2
 
@@ -58,8 +57,8 @@ def apply_smoke(cfg: TrainConfig) -> TrainConfig:
 
     name = policy_type(cfg.policy)
     rule = SMOKE_VARIANTS.get(name).obj if name in SMOKE_VARIANTS else SmokeVariant(obs_mode=cfg.env.obs_mode)
-    max_episode_steps = _cap(cfg.env.max_episode_steps, MAX_EPISODE_STEPS)
-    policy = rule.shrink(cfg.policy, MAX_CHUNK, MAX_DENOISE_STEPS)
+    max_episode_steps = cap(cfg.env.max_episode_steps, MAX_EPISODE_STEPS)
+    policy = rule.shrink(cfg.policy)
     chunk = getattr(policy, "chunk_size", MAX_CHUNK)  # tiny hub-checkpoint stand-ins act in MAX_CHUNK chunks
     exec_steps = min(cfg.exec_steps, chunk, MAX_CHUNK)
     # Every iteration must hold a whole episode (the trainer resets the envs each iteration).
@@ -76,6 +75,3 @@ def apply_smoke(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, env=env, algo=algo, eval=evals, logging=logging, policy=policy,
                    iterations=min(cfg.iterations, MAX_ITERATIONS), exec_steps=exec_steps, checkpoint_every=1)
 
-
-def _cap(value: int, cap: int) -> int:
-    return min(value, cap) if value > 0 else cap

@@ -13,10 +13,7 @@ from typing import Any
 
 from policies.base import Policy
 from policies.flow.lerobot import LeRobotPI0Policy, LeRobotPI05Policy, LeRobotSmolVLAPolicy
-from policies.smoke import SMOKE_VARIANTS, SmokeVariant
-
-SMOKE_CHUNK = 4
-"""Action chunk of the tiny stand-ins."""
+from policies.smoke import MAX_CHUNK, SMOKE_VARIANTS, SmokeVariant
 
 
 def _tiny(kind: str):
@@ -33,7 +30,7 @@ def _tiny(kind: str):
         folder = tempfile.mkdtemp(prefix=f"vla-rl-smoke-{kind}-") if kind == "smolvla" else None
         return build_tiny_lerobot_policy(
             kind, replace(config, pretrained=""), cameras=cameras, image_size=fields["image_size"][0],
-            state_dim=state_dim, action_dim=action_dim, chunk_size=SMOKE_CHUNK,
+            state_dim=state_dim, action_dim=action_dim, chunk_size=MAX_CHUNK,
             max_dim=max(8, state_dim, action_dim), vlm_folder=folder,
         )
 
