@@ -54,21 +54,23 @@ def build_policy_from_fields(name: str, options: dict[str, Any], derived: dict[s
     return entry.obj(entry.config(**options))
 
 
-def build_policy(cfg: Any, spec: EnvSpec) -> Policy:
-    """A fresh policy sized for ``spec``, or the checkpoint at ``cfg.policy.path`` (with this run's
-    ``policy.sampler``, which ``vla-rl train`` starts from the checkpoint's).
+def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
+    """A fresh policy sized for ``spec``, or the checkpoint at ``policy.path`` (with ``policy.sampler``, which
+    ``vla-rl train`` starts from the checkpoint's).
 
     Args:
-        cfg: a config with ``policy`` (a :class:`vla_rl.train_config.PolicyConfig` choice) and ``smoke``.
+        policy: a :class:`vla_rl.train_config.PolicyConfig` choice (``--policy.*``).
+        spec: the env's spec (or a dataset's, :meth:`vla_rl.data.DatasetSpec.env_spec`).
+        smoke: build the policy type's tiny variant where it has a builder (``--smoke true``).
     """
     from vla_rl.train_config import policy_options, policy_type
 
-    options = policy_options(cfg.policy)
-    if cfg.policy.path:
+    options = policy_options(policy)
+    if policy.path:
         overrides = {"sampler": options["sampler"]} if "sampler" in options else {}
-        note_sampler_change(cfg.policy.path, overrides.get("sampler"))
-        return load_policy(cfg.policy.path, **overrides)
-    return build_policy_from_fields(policy_type(cfg.policy), options, spec_fields(spec), smoke=cfg.smoke)
+        note_sampler_change(policy.path, overrides.get("sampler"))
+        return load_policy(policy.path, **overrides)
+    return build_policy_from_fields(policy_type(policy), options, spec_fields(spec), smoke=smoke)
 
 
 def note_sampler_change(path: str, sampler: Any) -> None:

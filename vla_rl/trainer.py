@@ -107,7 +107,7 @@ class Trainer:
             if resume_from is not None:
                 policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)  # resume_checkpoint verified it
             else:
-                policy = build_policy(cfg, env.spec)
+                policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
             learner: Learner = self.learner_cls(cfg.algo, policy)
             start_iter, best = 0, None
             env_steps = 0

@@ -88,7 +88,7 @@ def test_rollout_of_a_checkpoint_scores_the_same_whatever_the_global_rng(tmp_pat
     torch.manual_seed(0)
     env_cfg = EnvConfig(id="mujoco/pick-red", wrist_camera=True)
     with make_env("mujoco/pick-red", num_envs=1, wrist_camera=True) as env:
-        build_policy(TrainConfig(env=env_cfg), env.spec).save_pretrained(tmp_path / "policy")
+        build_policy(TrainConfig(env=env_cfg).policy, env.spec).save_pretrained(tmp_path / "policy")
     summaries = []
     for global_seed in (1, 2):
         torch.manual_seed(global_seed)

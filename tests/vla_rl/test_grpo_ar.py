@@ -50,7 +50,7 @@ def _run(args: list[str], iterations: int) -> list[tuple[float, float, float]]:
     seed_everything(cfg.seed)
     env = cfg.env.make()
     try:
-        policy = build_policy(cfg, env.spec)
+        policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
         learner = ALGORITHMS.get(cfg.algo.type).obj(cfg.algo, policy)
         engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic)
         out = []

@@ -115,15 +115,15 @@ def test_sigkill_mid_iteration_then_resume_continues_exactly(tmp_path):
 
 def test_build_policy_uses_every_env_camera_unless_a_selection_is_given():
     from sim import make_env
-    from vla_rl.train_config import POLICY_CHOICES, TrainConfig
+    from vla_rl.train_config import POLICY_CHOICES
     from vla_rl.policy_factory import build_policy
 
     small = dict(text_encoder="hashed", width=32, heads=2, cnn_channels=(8, 16), image_tokens=2)
     with make_env("mujoco/pick-red", num_envs=1, wrist_camera=True, num_workers=0, image_size=32) as env:
         spec = env.spec
-    default = build_policy(TrainConfig(policy=POLICY_CHOICES["compact-flow"](**small)), spec)
+    default = build_policy(POLICY_CHOICES["compact-flow"](**small), spec)
     assert default.config.cameras == ("front", "wrist")
-    chosen = build_policy(TrainConfig(policy=POLICY_CHOICES["compact-flow"](cameras=("wrist",), **small)), spec)
+    chosen = build_policy(POLICY_CHOICES["compact-flow"](cameras=("wrist",), **small), spec)
     assert chosen.config.cameras == ("wrist",)
 
 
@@ -135,7 +135,7 @@ def test_evaluation_scores_a_policy_the_same_every_time_and_leaves_the_training_
     trainer = Trainer(cfg)
     with cfg.env.make(seed=cfg.eval.seed) as env:
         torch.manual_seed(0)
-        policy = build_policy(cfg, env.spec)  # random weights: flow noise decides what the policy does
+        policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)  # random weights: flow noise decides what the policy does
         state = torch.random.get_rng_state()
         first = trainer._evaluate(policy, env, 0, None, "a")
         assert torch.equal(torch.random.get_rng_state(), state), "evaluation consumed the training RNG"
@@ -154,7 +154,7 @@ def test_freeze_encoder_trains_only_the_action_head_and_critic(tmp_path):
                                      "--algo.critic_warmup_iters", "0"])
     with cfg.env.make(seed=0) as env:
         torch.manual_seed(0)
-        policy = build_policy(cfg, env.spec)
+        policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
         encoder = {id(p) for p in policy.encoder_parameters()}
         assert encoder and len(encoder) < len(list(policy.parameters()))
         before = {n: p.detach().clone() for n, p in policy.named_parameters()}
@@ -183,7 +183,7 @@ def test_state_critic_is_sized_from_the_env_spec_and_reads_the_env_observation()
     cfg = parse_config(TrainConfig, [*TINY, "--policy.value_placement", "state"])
     with cfg.env.make() as env:
         obs = env.reset(seed=3)
-        policy = build_policy(cfg, env.spec)
+        policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
         assert policy.dims.critic_state_dim == obs["observation.state"].shape[1] + obs["observation.env_state"].shape[1]
         values = policy.value(obs)
     assert values.shape == (cfg.env.num_envs,) and torch.isfinite(values).all()

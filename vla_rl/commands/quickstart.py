@@ -202,7 +202,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     if not (sft_dir / "config.json").exists():
         print(f"[2/4] pre-training on {cfg.sft.episodes or cfg.demos} demos")
         seed_everything(cfg.seed)
-        policy = build_policy(train_cfg, spec)
+        policy = build_policy(train_cfg.policy, spec)
         with contextlib.ExitStack() as stack:
             sft_stats = pretrain_on_dataset(policy, demo_root, cfg.sft, seed=cfg.seed,
                                             success_check=_success_check(cfg, policy, train_cfg.exec_steps, stack))

@@ -24,7 +24,7 @@ from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
 from vla_rl.data import dataset_spec, policy_inputs
 from vla_rl.evaluation import evaluate_policy
 from vla_rl.sft import SFTConfig, pretrain_on_dataset, save_sft_policy
-from vla_rl.train_config import EVAL_SEED_BASE, POLICY_CHOICES, SEED_BLOCK, PolicyConfig, TrainConfig, policy_type
+from vla_rl.train_config import EVAL_SEED_BASE, POLICY_CHOICES, SEED_BLOCK, PolicyConfig, policy_type
 from vla_rl.policy_factory import build_policy
 from vla_rl.trainer import seed_everything
 
@@ -111,8 +111,7 @@ def sft(cfg: SFTRunConfig) -> dict[str, Any]:
     if out.exists():
         raise FileExistsError(f"{out} exists; remove it or pass another --output")
     seed_everything(cfg.seed)
-    sizing = TrainConfig(policy=cfg.policy, seed=cfg.seed, iterations=0)
-    policy = build_policy(sizing, spec.env_spec())
+    policy = build_policy(cfg.policy, spec.env_spec())
     with contextlib.ExitStack() as stack:
         run = _env_runner(cfg, policy, stack) if cfg.env.id else None
         check = (lambda: run(cfg.check_episodes, cfg.check_seed, "success check").success_rate) if run else None
