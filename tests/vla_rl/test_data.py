@@ -71,8 +71,10 @@ def test_dataset_spec_reads_the_policy_sizing_fields(lerobot_ds):
     assert (spec.action_dim, spec.state_dim, spec.cameras, spec.image_size) == (ACT, STATE, ("front",), (8, 8))
     assert (spec.episodes, spec.frames, spec.fps) == (3, 18, 10.0)
     assert set(spec.extras) == {"is_intervention", "next.reward", "next.success"}
-    assert spec.policy_fields() == {"action_dim": ACT, "state_dim": STATE, "cameras": ("front",), "image_size": (8, 8)}
     env_spec = spec.env_spec()
+    from vla_rl.policy_factory import spec_fields
+
+    assert spec_fields(env_spec) == {"action_dim": ACT, "state_dim": STATE, "cameras": ("front",), "image_size": (8, 8)}
     assert env_spec.action_dim == ACT and env_spec.observation["observation.images.front"].shape == (8, 8, 3)
 
 

@@ -64,19 +64,10 @@ class DatasetSpec:
         """``(H, W)`` of the first camera (policies take one size for all), None without cameras."""
         return self.image_sizes[self.cameras[0]] if self.cameras else None
 
-    def policy_fields(self) -> dict[str, Any]:
-        """The policy config values this dataset sizes (conventional names: ``action_dim``, ``state_dim``,
-        ``cameras``, ``image_size``), as :func:`vla_rl.policy_factory.spec_fields` derives them from an env."""
-        out: dict[str, Any] = {"action_dim": self.action_dim, "cameras": self.cameras}
-        if self.state_dim is not None:
-            out["state_dim"] = self.state_dim
-        if self.image_size is not None:
-            out["image_size"] = self.image_size
-        return out
-
     def env_spec(self) -> EnvSpec:
         """An :class:`~sim.core.EnvSpec` with the dataset's observation and action shapes (id: the folder),
-        for code that sizes a policy from an env spec (``vla_rl.trainer.build_policy``)."""
+        for code that sizes a policy from an env spec (:func:`vla_rl.policy_factory.build_policy`, whose
+        :func:`~vla_rl.policy_factory.spec_fields` reads ``action_dim``, ``state_dim``, ``cameras``, ``image_size``)."""
         obs = {image_key(c): TensorSpec((*self.image_sizes[c], 3), torch.uint8) for c in self.cameras}
         if self.state_dim is not None:
             obs[OBS_STATE] = TensorSpec((self.state_dim,), torch.float32)
