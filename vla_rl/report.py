@@ -92,11 +92,13 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], plots: Sequence[P
             sft += f"; the last success check (its own episodes) read {summary['sft_check_success']:.2f}"
         lines += ["", sft + "."]
     if summary.get("per_task_after"):
-        lines += ["", "| task | before | after |", "|---|---|---|"]
+        lines += ["", "| task | before | after | after 95% CI | episodes |", "|---|---|---|---|---|"]
         before_t = summary.get("per_task_before", {})
         for task, row in summary["per_task_after"].items():
             bt = before_t.get(task, {}).get("success")
-            lines.append(f"| {task} | {'-' if bt is None else f'{bt:.2f}'} | {row['success']:.2f} |")
+            ci = f"{row['ci_low']:.2f}-{row['ci_high']:.2f}" if "ci_low" in row else "-"
+            lines.append(f"| {task} | {'-' if bt is None else f'{bt:.2f}'} | {row['success']:.2f} | {ci} "
+                         f"| {row.get('episodes', '-')} |")
     if summary.get("stages"):
         lines += ["", "| stage | seconds |", "|---|---|"]
         lines += [f"| {k} | {v:.0f} |" for k, v in summary["stages"].items()]

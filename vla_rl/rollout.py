@@ -43,6 +43,7 @@ from policies.base import ActMode, ActOutput, Policy
 from rewards import RewardConfig, RewardFunction
 from sim.chunk import first_episode_steps
 from sim.core import TASK, Obs, VecEnv
+from sim.tasks import TASK_INDEX
 
 
 @dataclass
@@ -54,6 +55,8 @@ class EpisodeRecord:
     ret: float
     length: int
     success: bool
+    task_index: int = -1
+    """Multi-task envs: the episode's index into ``EnvSpec.tasks`` (``task_index`` of its final observation)."""
 
 
 @dataclass
@@ -354,6 +357,7 @@ class RolloutEngine:
                 episodes.append((h, EpisodeRecord(
                     env=i, task=steps.final_obs[TASK][j], ret=float(steps.episode_return[h, j]),
                     length=int(steps.episode_length[h, j]), success=bool(steps.success[h, j]),
+                    task_index=int(steps.final_obs[TASK_INDEX][j]) if TASK_INDEX in steps.final_obs else -1,
                 )))
         term = (steps.terminated & live).any(0)
         trunc = (steps.truncated & live & ~steps.terminated).any(0)

@@ -25,9 +25,11 @@ from tqdm import tqdm
 from policies.base import Policy
 from policies.io import checkpoint_cameras
 from policies.loading import load_policy
+from sim.core import EnvSpec
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
+from vla_rl.curriculum import TaskCurriculum
 from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
 from vla_rl.evaluation import EvalResult, evaluate_policy
 from vla_rl.policy_factory import build_policy
@@ -55,6 +57,24 @@ def rollout_scalars(rollout: Rollout) -> dict[str, float]:
     }
 
 
+def task_curriculum(cfg: TrainConfig, spec: EnvSpec) -> TaskCurriculum | None:
+    """The run's :class:`TaskCurriculum` for a multi-task env; None for a single-task one.
+
+    Raises:
+        ConfigError: for task settings a single-task env cannot honour, or an unknown held-out task.
+    """
+    if not spec.tasks:
+        if cfg.env.tasks.holdout or cfg.env.tasks.sampler != "uniform" or cfg.eval.protocol == "per_task":
+            raise ConfigError(f"env.tasks / eval.protocol: {cfg.env.id} is a single-task env; task sampling, "
+                              "hold-out and the per_task protocol need a multi-task id (mujoco/multi, "
+                              "libero/<suite>, maniskill/TabletopSet-v1)")
+        return None
+    try:
+        return TaskCurriculum(spec.tasks, cfg.env.tasks)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 class Trainer:
     """Run :class:`TrainConfig` (see module doc). ``run()`` returns the final evaluation."""
 
@@ -75,6 +95,7 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.learner_cls: type[Learner] = ALGORITHMS.get(cfg.algo.type).obj  # fails before any env is built
+        self.curriculum: TaskCurriculum | None = None  # set once the env is built (multi-task envs)
 
     def _config_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(draccus.encode(self.cfg), default=str))
@@ -86,8 +107,10 @@ class Trainer:
 
         # Seeded like the env (evaluate_policy): the same policy always scores the same, the before and after
         # evaluations share their flow noise, and the training RNG stream is left untouched.
+        tasks = self.curriculum.eval_tasks if cfg.eval.protocol == "per_task" and self.curriculum else None
         res = evaluate_policy(env, policy, cfg.eval.episodes, cfg.eval.seed, cfg.exec_steps, video,
-                              cfg.eval.video_envs, desc=f"eval {tag}")
+                              cfg.eval.video_envs, desc=f"eval {tag}", tasks=tasks,
+                              episodes_per_task=cfg.eval.episodes_per_task)
         if res.video:
             logger.log_video(iteration, "eval/video", res.video, env.spec.control_freq)
         return res
@@ -104,6 +127,9 @@ class Trainer:
         eval_env = None
         try:
             eval_env = cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed)
+            self.curriculum = task_curriculum(cfg, env.spec)
+            if self.curriculum is not None and cfg.env.tasks.holdout:  # evaluate on the held-out tasks only
+                eval_env.schedule_tasks(weights=(~self.curriculum.train_mask).astype(float))
             if resume_from is not None:
                 policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)  # resume_checkpoint verified it
             else:
@@ -114,6 +140,8 @@ class Trainer:
             if resume_from is not None:
                 state = ckpt.load_trainer_state(resume_from)
                 learner.load_state_dict(state["learner"])
+                if self.curriculum is not None and "curriculum" in state:
+                    self.curriculum.load_state_dict(state["curriculum"])
                 ckpt.set_rng_state(state["rng"])
                 start_iter, env_steps = state["iteration"], state["env_steps"]
                 best = ckpt.best_metric(self.ckpt_dir)
@@ -145,6 +173,8 @@ class Trainer:
             t0 = time.perf_counter()
             base, _ = training_seed_range(cfg, it)
             policy.train()
+            if self.curriculum is not None:  # this iteration's resets draw their tasks from these weights
+                env.schedule_tasks(weights=self.curriculum.weights())
             inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration,
                                      engine=engine if learner.needs.env_rollouts else None, data=data)
             batch = learner.collect(inputs)
@@ -155,6 +185,9 @@ class Trainer:
                        "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
             if isinstance(batch, Rollout):
                 scalars["time/env_steps_per_s"] = batch.env_steps / max(t1 - t0, 1e-9)
+                if self.curriculum is not None:
+                    self.curriculum.observe((e.task_index, e.success) for e in batch.episodes)
+                    scalars.update(self.curriculum.scalars())
             step = engine.total_env_steps
             done_iter = it + 1
             is_last = done_iter == cfg.iterations
@@ -170,6 +203,7 @@ class Trainer:
                 saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, {
                     "learner": learner.state_dict(), "rng": ckpt.rng_state(),
                     "iteration": done_iter, "env_steps": step,
+                    **({"curriculum": self.curriculum.state_dict()} if self.curriculum is not None else {}),
                 }, self._config_dict(), cfg.keep_last)
                 if last is not None and (best is None or last.success_rate > best) and "eval/success" in scalars:
                     best = last.success_rate
