@@ -76,9 +76,11 @@ class TaskSchedule:
         self.queue: deque[Assignment] = deque()
 
     def set(self, weights: np.ndarray | None, plan: Sequence[Assignment] | None) -> None:
-        """Replace the weights (None: keep; an empty array: back to uniform) and/or the queue (None: keep)."""
+        """Replace the weights (None: keep; an empty array or equal weights: uniform) and/or the queue (None: keep)."""
         if weights is not None:
-            self.weights = None if len(weights) == 0 else check_weights(weights, self.num_tasks, self.env_id)
+            w = None if len(weights) == 0 else check_weights(weights, self.num_tasks, self.env_id)
+            # equal weights are the uniform draw: the same rng.integers stream as an env never scheduled
+            self.weights = None if w is None or bool(np.all(w == w[0])) else w
         if plan is not None:
             bad = [a.task for a in plan if not 0 <= a.task < self.num_tasks]
             if bad:

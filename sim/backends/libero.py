@@ -65,6 +65,11 @@ from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.single import SingleEnv, StepOut
 from sim.vectorize import build_vec_env
+from vla_core.registry import Registry
+
+# The multi-task suite env (sim.backends.libero_suite, which builds on this module) registers itself here when
+# ``sim`` imports it, so this backend dispatches to it without importing it.
+SUITE_ENV: Registry[type[SingleEnv]] = Registry("LIBERO suite env")
 
 # Steps before truncation per suite, as in the standard LIBERO evaluation
 # (OpenVLA's run_libero_eval: longest training demonstration plus a margin).
@@ -496,8 +501,7 @@ class LiberoBackend(Backend):
         config_dir = resolve_config_dir(options.config_path)
         factories: list[Any]
         if task in SUITE_MAX_STEPS or task in SUITE_UNIONS:  # a whole suite as one multi-task env
-            from sim.backends.libero_suite import LiberoSuiteEnv
-
+            LiberoSuiteEnv = SUITE_ENV.get("suite").obj  # noqa: N806  (a class)
             names = suite_task_names()
             for suite in SUITE_UNIONS.get(task, (task,)):
                 for index in range(len(names.get(suite, ())) or 1):

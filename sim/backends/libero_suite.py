@@ -37,6 +37,7 @@ from sim.backends.libero import (
     SUITE_MAX_STEPS,
     SUITE_UNIONS,
     LiberoEnv,
+    SUITE_ENV,
     LiberoOptions,
     _import_libero,
     read_config,
@@ -85,6 +86,7 @@ def task_facts(name: str, config_dir: str) -> tuple[TaskFacts, ...]:
     return tuple(out)
 
 
+@SUITE_ENV.register("suite")
 class LiberoSuiteEnv(SingleEnv):
     """One env slot of a suite id (see the module doc).
 

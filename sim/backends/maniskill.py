@@ -217,7 +217,7 @@ class ManiSkillBackend(Backend):
             from sim.vectorize import build_vec_env
 
             workers = options.num_workers if options.num_workers >= 0 else min(num_envs, os.cpu_count() or 1)
-            factory = functools.partial(make_set_single, options, icd)
+            factory = functools.partial(make_set_single, ManiSkillSingleEnv, options, icd)
             return build_vec_env([factory] * num_envs, env_id, workers, spin=options.spin)
         if options.sim_backend == "gpu" or (options.sim_backend == "auto" and cuda):
             from sim.backends.maniskill_gpu import ManiSkillGPUVecEnv

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -38,14 +39,17 @@ class ManiSkillSetEnv(SingleEnv):
     """One slot of ``maniskill/TabletopSet-v1`` (see the module doc).
 
     Args:
+        single_env: the one-task env class, called as ``single_env(task, options, vulkan_icd)``
+            (:class:`sim.backends.maniskill.ManiSkillSingleEnv`; passed in by the backend, which imports this module).
         options: backend options (``task_cache`` and the usual ones).
         vulkan_icd: ``VK_ICD_FILENAMES`` for this process (empty: leave it).
     """
 
-    def __init__(self, options: ManiSkillOptions, vulkan_icd: str = "") -> None:
-        from sim.backends.maniskill import ManiSkillSingleEnv  # noqa: F401  (checked import, builds lazily)
+    def __init__(self, single_env: Callable[[str, ManiSkillOptions, str], SingleEnv], options: ManiSkillOptions,
+                 vulkan_icd: str = "") -> None:
         from sim.backends.maniskill_tasks import TASKS
 
+        self._single = single_env
         self._options, self._icd = options, vulkan_icd
         self._cache: OrderedDict[int, SingleEnv] = OrderedDict()
         env_id = f"{PREFIX}/{SET_ID}"
@@ -69,11 +73,9 @@ class ManiSkillSetEnv(SingleEnv):
         self._task = -1
 
     def _env(self, task: int) -> SingleEnv:
-        from sim.backends.maniskill import ManiSkillSingleEnv
-
         env = self._cache.pop(task, None)
         if env is None:
-            env = ManiSkillSingleEnv(SET_TASKS[task], self._options, self._icd)
+            env = self._single(SET_TASKS[task], self._options, self._icd)
             while len(self._cache) >= max(1, self._options.task_cache):
                 self._cache.popitem(last=False)[1].close()
         self._cache[task] = env
@@ -119,8 +121,9 @@ def _limit(task: str) -> int:
     return int(gym.spec(task).max_episode_steps or 0)
 
 
-def make_set_single(options: ManiSkillOptions, vulkan_icd: str) -> ManiSkillSetEnv:
+def make_set_single(single_env: Callable[[str, ManiSkillOptions, str], SingleEnv], options: ManiSkillOptions,
+                    vulkan_icd: str) -> ManiSkillSetEnv:
     """Module-level factory (picklable through ``functools.partial``) run inside a worker."""
     if vulkan_icd:
         os.environ["VK_ICD_FILENAMES"] = vulkan_icd
-    return ManiSkillSetEnv(options, vulkan_icd)
+    return ManiSkillSetEnv(single_env, options, vulkan_icd)
