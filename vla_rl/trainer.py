@@ -35,6 +35,7 @@ from vla_rl.evaluation import EvalResult, evaluate_policy
 from vla_rl.policy_factory import build_policy
 from vla_rl.rollout import Rollout, RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
+from vla_rl.timing import StageTimes, split_remainder, time_summary
 from vla_rl.train_config import TrainConfig, training_seed_range
 
 
@@ -169,8 +170,10 @@ class Trainer:
             logger.log(0, first.scalars())
             self._write_eval(first, "before")
         bar = tqdm(range(start_iter, cfg.iterations), desc="train", unit="it", initial=start_iter, total=cfg.iterations)
+        after_row = StageTimes()  # logging and checkpointing, done after an iteration's row is written
         for it in bar:
             t0 = time.perf_counter()
+            carried = after_row.take("time/")  # the previous iteration's log / checkpoint seconds
             base, _ = training_seed_range(cfg, it)
             policy.train()
             if self.curriculum is not None:  # this iteration's resets draw their tasks from these weights
@@ -183,7 +186,13 @@ class Trainer:
             t2 = time.perf_counter()
             scalars = {**(rollout_scalars(batch) if isinstance(batch, Rollout) else {}),
                        "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
+            scalars.update(split_remainder(t2 - t1, {k: v for k, v in stats.items() if k.startswith("time/update_")},
+                                           "time/update_other_s"))
             if isinstance(batch, Rollout):
+                stages = {k: v for k, v in batch.times.items() if k != "time/rollout_collect_s"}
+                scalars.update(split_remainder(t1 - t0, stages, "time/rollout_other_s"))
+            else:  # a dataset learner: drawing its batch
+                scalars["time/rollout_other_s"] = t1 - t0
                 scalars["time/env_steps_per_s"] = batch.env_steps / max(t1 - t0, 1e-9)
                 if self.curriculum is not None:
                     self.curriculum.observe((e.task_index, e.success) for e in batch.episodes)
@@ -191,15 +200,21 @@ class Trainer:
             step = engine.total_env_steps
             done_iter = it + 1
             is_last = done_iter == cfg.iterations
+            t_eval = time.perf_counter()
             if is_last or (cfg.eval.every and done_iter % cfg.eval.every == 0):
                 res = self._evaluate(policy, eval_env, step, logger, f"iter_{done_iter:06d}")
                 scalars.update(res.scalars())
                 last = res
-            logger.log(step, scalars)
+            scalars["time/eval_s"] = time.perf_counter() - t_eval
+            scalars.update({"time/log_s": 0.0, "time/checkpoint_s": 0.0, **carried})
+            scalars["time/iteration_s"] = time.perf_counter() - t0 + scalars["time/log_s"] + scalars["time/checkpoint_s"]
+            with after_row("log"):
+                logger.log(step, scalars)
             shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
             bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
-                            eval=f"{last.success_rate:.2f}" if last else "-")
+                            eval=f"{last.success_rate:.2f}" if last else "-", time=time_summary(scalars))
             if is_last or done_iter % cfg.checkpoint_every == 0:
+                after_row.start("checkpoint")
                 saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, {
                     "learner": learner.state_dict(), "rng": ckpt.rng_state(),
                     "iteration": done_iter, "env_steps": step,
@@ -208,6 +223,7 @@ class Trainer:
                 if last is not None and (best is None or last.success_rate > best) and "eval/success" in scalars:
                     best = last.success_rate
                     ckpt.mark_best(self.ckpt_dir, saved, best)
+                after_row.stop("checkpoint")
         bar.close()
         if last is not None:
             self._write_eval(last, "after")

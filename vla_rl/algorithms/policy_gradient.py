@@ -29,6 +29,7 @@ from vla_rl.algorithms.base import Learner, LearnerConfig, SmokeLimits
 from vla_rl.algorithms.losses import entropy_bonus, kl_k3, ppo_policy_loss
 from vla_rl.config import ConfigError
 from vla_rl.rollout import Rollout
+from vla_rl.timing import StageTimes
 
 
 @dataclass
@@ -149,14 +150,16 @@ class PolicyGradientLearner(Learner):
     def update(self, rollout: Rollout) -> dict[str, float]:
         """Epochs of minibatch updates on ``rollout``; returns mean statistics."""
         cfg = self.cfg
-        adv, returns, mask = self.advantages(rollout)
+        timer = StageTimes()
+        with timer("advantages"):
+            adv, returns, mask = self.advantages(rollout)
         warmup = self.actor_frozen()
         flat = mask.flatten().nonzero().flatten()
         n = flat.numel()
         stats: dict[str, list[float]] = {}
         if n == 0:  # e.g. dynamic sampling dropped every group
             self.iteration += 1
-            return {"update/skipped": 1.0}
+            return {"update/skipped": 1.0, **timer.take("time/update_")}
         if cfg.normalize_advantages:
             adv = normalize_advantages(adv, mask)
         self.policy.train()
@@ -170,6 +173,7 @@ class PolicyGradientLearner(Learner):
             perm = flat[torch.randperm(n)]
             batches = [perm[i : i + mb] for i in range(0, n, mb)]
             for j, idx in enumerate(batches):
+                timer.start("forward")
                 obs = rollout.flat_obs(idx)
                 logp, entropy, value = self.policy.evaluate(obs, {k: v[idx] for k, v in extras.items()})
                 loss = torch.zeros(())
@@ -185,17 +189,20 @@ class PolicyGradientLearner(Learner):
                         loss = loss + cfg.kl_coef * kl
                         _add(stats, {"kl_ref": kl})
                 critic = self.value_loss(value, old_values[idx], ret_f[idx])
-                if critic is not None:
-                    vl, vs = critic
-                    _add(stats, vs)
-                    weighted = self.value_coef() * vl
-                    if self.value_to_actor() and not warmup:
-                        loss = loss + weighted
-                    else:  # the value loss reaches only the critic's own parameters
-                        self._accumulate(weighted / cfg.grad_accum_steps, retain=loss.requires_grad)
-                    loss = loss + weighted.detach()
-                if loss.requires_grad:
-                    (loss / cfg.grad_accum_steps).backward()
+                timer.stop("forward")
+                with timer("backward"):
+                    if critic is not None:
+                        vl, vs = critic
+                        _add(stats, vs)
+                        weighted = self.value_coef() * vl
+                        if self.value_to_actor() and not warmup:
+                            loss = loss + weighted
+                        else:  # the value loss reaches only the critic's own parameters
+                            self._accumulate(weighted / cfg.grad_accum_steps, retain=loss.requires_grad)
+                        loss = loss + weighted.detach()
+                    if loss.requires_grad:
+                        (loss / cfg.grad_accum_steps).backward()
+                timer.start("optimizer")
                 if (j + 1) % cfg.grad_accum_steps == 0 or j == len(batches) - 1:
                     for group in self.optimizer.param_groups:
                         if warmup and group["name"] == "actor":  # actor frozen: drop its gradients
@@ -206,6 +213,7 @@ class PolicyGradientLearner(Learner):
                         _add(stats, {f"grad_norm_{group['name']}": norm})
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
+                timer.stop("optimizer")
                 _add(stats, {"loss": loss.detach()})
                 if cfg.target_kl and not warmup and stats.get("approx_kl", [0])[-1] > cfg.target_kl:
                     stop = True
@@ -216,6 +224,7 @@ class PolicyGradientLearner(Learner):
         out = {f"update/{k}": sum(v) / len(v) for k, v in stats.items()}
         out["update/critic_warmup"] = float(warmup)
         out["update/decisions"] = float(n)
+        out.update(timer.take("time/update_"))  # seconds by stage (vla_rl.timing)
         return out
 
     def _accumulate(self, loss: Tensor, retain: bool) -> None:
