@@ -161,6 +161,11 @@ class TrainConfig:
     reset_every_iteration: bool = True
     """Reset all envs (with per-iteration seeds) at the start of each iteration: iterations are then
     a pure function of (weights, optimizer, RNG, iteration), which makes --resume exact."""
+    update_threads: int = -1
+    """Torch threads for the learner's update, during which the env workers wait: -1 keeps the process's
+    setting (the rollout's), 0 uses every core this process may run on, N uses N. Only on a machine the run
+    has to itself: busy threads competing with other jobs for the cores are slower than one (measured in
+    docs/benchmarks.md, "Training throughput")."""
     checkpoint_every: int = 1
     """Save a checkpoint every this many iterations."""
     keep_last: int = 3

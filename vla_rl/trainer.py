@@ -35,6 +35,7 @@ from vla_rl.evaluation import EvalResult, evaluate_policy
 from vla_rl.policy_factory import build_policy
 from vla_rl.rollout import Rollout, RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
+from vla_rl.threads import torch_threads
 from vla_rl.timing import StageTimes, split_remainder, time_summary
 from vla_rl.train_config import TrainConfig, training_seed_range
 
@@ -182,7 +183,8 @@ class Trainer:
                                      engine=engine if learner.needs.env_rollouts else None, data=data)
             batch = learner.collect(inputs)
             t1 = time.perf_counter()
-            stats = learner.update(batch)
+            with torch_threads(cfg.update_threads):
+                stats = learner.update(batch)
             t2 = time.perf_counter()
             scalars = {**(rollout_scalars(batch) if isinstance(batch, Rollout) else {}),
                        "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
