@@ -13,8 +13,8 @@ the same load on a shared machine:
 - **iteration**: rollout + update (env steps / s of the whole loop); the RL stage at the quickstart's 200 iterations
   is estimated from it plus two 400-episode evaluations timed once.
 
-Variants are switches of the same code (the old path and the new one): ``update_threads`` (torch threads while the
-env workers wait for the update; 1 = the previous behaviour) and ``rollout_threads`` (threads while acting; the
+Variants are switches of the same code (the old path and the new one): ``--threads.update`` (torch threads while
+the env workers wait for the update; 1 = the previous behaviour) and ``--threads.rollout`` (threads while acting; the
 quickstart's collection is sequential, so acting and stepping never overlap). Medians over repeats; the ratios are
 what we track. Results: ``benchmarks/results/throughput.json`` and, with ``--write``, the section
 ``## Training throughput`` of docs/benchmarks.md.

@@ -2,7 +2,7 @@
 
 The env workers of a vector env and the policy take turns on the CPU: while the policy updates, the
 workers wait. A stage during which nothing else runs may use more intra-op threads than the
-rollout, where the workers need the cores (``TrainConfig.update_threads``).
+rollout, where the workers need the cores (:class:`ThreadsConfig`, ``--threads.update``).
 """
 
 from __future__ import annotations
@@ -10,8 +10,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class ThreadsConfig:
+    """Torch intra-op threads per stage of a training iteration (-1: the process's setting, which the CLI
+    takes from ``OMP_NUM_THREADS``, default 1; 0: every core this process may run on; N: N threads).
+
+    Raise them only on a machine the run has to itself: with other jobs busy on the same cores, two
+    threads made the quickstart's update several times slower, not faster (docs/benchmarks.md,
+    "Training throughput")."""
+
+    rollout: int = -1
+    """While collecting: the policy acting (the env workers step in between, or alongside when pipelined)."""
+    update: int = -1
+    """During the learner's update, while the env workers wait."""
 
 
 def usable_cores() -> int:

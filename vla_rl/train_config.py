@@ -24,6 +24,7 @@ from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.config import EnvConfig
 from vla_rl.run_logging import LoggingConfig
+from vla_rl.threads import ThreadsConfig
 
 DEFAULT_POLICY = "compact-flow"
 
@@ -161,11 +162,8 @@ class TrainConfig:
     reset_every_iteration: bool = True
     """Reset all envs (with per-iteration seeds) at the start of each iteration: iterations are then
     a pure function of (weights, optimizer, RNG, iteration), which makes --resume exact."""
-    update_threads: int = -1
-    """Torch threads for the learner's update, during which the env workers wait: -1 keeps the process's
-    setting (the rollout's), 0 uses every core this process may run on, N uses N. Only on a machine the run
-    has to itself: busy threads competing with other jobs for the cores are slower than one (measured in
-    docs/benchmarks.md, "Training throughput")."""
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig)
+    """Torch threads per stage (``--threads.rollout``, ``--threads.update``; :class:`vla_rl.threads.ThreadsConfig`)."""
     checkpoint_every: int = 1
     """Save a checkpoint every this many iterations."""
     keep_last: int = 3

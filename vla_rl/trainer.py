@@ -181,9 +181,10 @@ class Trainer:
                 env.schedule_tasks(weights=self.curriculum.weights())
             inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration,
                                      engine=engine if learner.needs.env_rollouts else None, data=data)
-            batch = learner.collect(inputs)
+            with torch_threads(cfg.threads.rollout):
+                batch = learner.collect(inputs)
             t1 = time.perf_counter()
-            with torch_threads(cfg.update_threads):
+            with torch_threads(cfg.threads.update):
                 stats = learner.update(batch)
             t2 = time.perf_counter()
             scalars = {**(rollout_scalars(batch) if isinstance(batch, Rollout) else {}),

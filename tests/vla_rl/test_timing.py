@@ -51,3 +51,22 @@ def test_every_iteration_row_breaks_its_wall_time_down(tmp_path: Path) -> None:
     report = (run_dir / "report.md").read_text()
     assert "| rollout_env |" in report and "| update_backward |" in report
     assert (run_dir / "plots" / "time.png").stat().st_size > 0
+
+
+def test_torch_threads_per_stage_restore_the_process_setting() -> None:
+    import torch
+
+    from vla_rl.threads import torch_threads, usable_cores
+
+    before = torch.get_num_threads()
+    with torch_threads(0):
+        assert torch.get_num_threads() == usable_cores()
+    with torch_threads(-1):
+        assert torch.get_num_threads() == before
+    try:
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert torch.get_num_threads() == before
