@@ -45,6 +45,9 @@ class EnvConfig:
     that always render one; others reject it (``sim.wrist_camera_support``)."""
     spin_wait: str = "auto"
     """With env workers, busy-poll for replies instead of sleeping: ``on``, ``off``, ``auto`` (if they fit the CPUs)."""
+    executor: str = "process"
+    """What runs the env workers: ``process`` (worker processes) or ``ray`` (Ray actors, local or on the cluster of
+    ``RAY_ADDRESS``; needs ``num_workers >= 1`` and the ``ray`` extra). Same episodes for the same seeds."""
 
     def has_optional_wrist_camera(self) -> bool:
         """Whether the backend of ``id`` has a wrist camera that ``wrist_camera`` switches on."""
