@@ -121,3 +121,17 @@ def test_accelerate_launch_two_ranks_smoke_run_survives_kill_9_of_the_launcher(t
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert rows[-1]["step"] > 0 and "eval/success" in rows[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "one run folder, one set of logs"
+
+
+def test_fsdp_config_for_pi0_names_layer_classes_that_exist() -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / "fsdp_pi0.yaml"))
+    assert cfg.distributed_type == DistributedType.FSDP and cfg.fsdp_config["fsdp_version"] == 2
+    names = cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"].split(",")
+    from lerobot.policies.pi_gemma import _get_pi_gemma_decoder_layer_base
+    from transformers.models.siglip import modeling_siglip
+
+    existing = {_get_pi_gemma_decoder_layer_base().__name__, modeling_siglip.SiglipEncoderLayer.__name__}
+    assert set(names) == existing, f"{names} are not the layer classes of LeRobot's pi0 / pi0.5 ({existing})"
