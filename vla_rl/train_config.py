@@ -82,6 +82,13 @@ class EvalConfig:
     """Write an MP4 of each evaluation."""
     video_envs: int = 4
     """Envs tiled into the eval video."""
+    protocol: str = "seeds"
+    """``seeds``: ``episodes`` episodes from held-out seeds (any env). ``per_task`` (multi-task envs): the
+    benchmarks' protocol, every evaluated task for ``episodes_per_task`` episodes, episode ``k`` of a task on
+    LIBERO's fixed init state ``k`` (ManiSkill / MuJoCo: seed ``eval.seed + k``), success averaged over tasks
+    with per-task 95% intervals (:func:`vla_rl.evaluation.evaluate_per_task`)."""
+    episodes_per_task: int = 50
+    """``per_task`` protocol: episodes per task (LIBERO's protocol: 50, one per init state)."""
 
 
 @dataclass
@@ -176,6 +183,10 @@ class TrainConfig:
                 f"({self.env.max_episode_steps}): one decision would span several episodes"
             )
 
+        if self.eval.protocol not in ("seeds", "per_task"):
+            raise ValueError(f"eval.protocol must be 'seeds' or 'per_task', got {self.eval.protocol!r}")
+        if self.eval.episodes_per_task < 1:
+            raise ValueError(f"eval.episodes_per_task must be >= 1, got {self.eval.episodes_per_task}")
         if self.eval.seed is None:
             self.eval.seed = EVAL_SEED_BASE + self.seed * SEED_BLOCK
         clash = training_seed_overlap(self)

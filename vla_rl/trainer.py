@@ -25,15 +25,18 @@ from tqdm import tqdm
 from policies.base import Policy
 from policies.io import checkpoint_cameras
 from policies.loading import load_policy
+from sim.core import EnvSpec
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
+from vla_rl.curriculum import TaskCurriculum
 from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
 from vla_rl.distributed import SINGLE, Distributed, rank_seed
 from vla_rl.evaluation import EvalResult, EvalShard, evaluate_policy
 from vla_rl.policy_factory import build_policy
-from vla_rl.rollout import Rollout, RolloutEngine, reward_scalars
+from vla_rl.rollout import EpisodeRecord, Rollout, RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
+from vla_rl.timing import StageTimes, split_remainder, time_summary
 from vla_rl.train_config import TrainConfig, training_seed_range
 
 
@@ -43,10 +46,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rollout_scalars(rollout: Rollout, dist: Distributed = SINGLE) -> dict[str, float]:
-    """Episode statistics and per-term rewards of a rollout, for logging (``rollout/*``, ``reward/*``); with
-    several ranks, over the episodes of all of them."""
-    eps = dist.gather_objects(list(rollout.episodes))
+def rollout_scalars(rollout: Rollout, episodes: list[EpisodeRecord] | None = None) -> dict[str, float]:
+    """Episode statistics and per-term rewards of a rollout, for logging (``rollout/*``, ``reward/*``); the episode
+    statistics are over ``episodes`` when given (every rank's, in a distributed run), else the rollout's own."""
+    eps = rollout.episodes if episodes is None else episodes
     nan = float("nan")
     return {
         "rollout/episodes": float(len(eps)),
@@ -55,6 +58,24 @@ def rollout_scalars(rollout: Rollout, dist: Distributed = SINGLE) -> dict[str, f
         "rollout/length": sum(e.length for e in eps) / len(eps) if eps else nan,
         **reward_scalars(rollout),
     }
+
+
+def task_curriculum(cfg: TrainConfig, spec: EnvSpec) -> TaskCurriculum | None:
+    """The run's :class:`TaskCurriculum` for a multi-task env; None for a single-task one.
+
+    Raises:
+        ConfigError: for task settings a single-task env cannot honour, or an unknown held-out task.
+    """
+    if not spec.tasks:
+        if cfg.env.tasks.holdout or cfg.env.tasks.sampler != "uniform" or cfg.eval.protocol == "per_task":
+            raise ConfigError(f"env.tasks / eval.protocol: {cfg.env.id} is a single-task env; task sampling, "
+                              "hold-out and the per_task protocol need a multi-task id (mujoco/multi, "
+                              "libero/<suite>, maniskill/TabletopSet-v1)")
+        return None
+    try:
+        return TaskCurriculum(spec.tasks, cfg.env.tasks)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class Trainer:
@@ -78,6 +99,7 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.learner_cls: type[Learner] = ALGORITHMS.get(cfg.algo.type).obj  # fails before any env is built
         self.dist: Distributed = SINGLE  # the ranks of this run (vla_rl.distributed), found by run()
+        self.curriculum: TaskCurriculum | None = None  # set once the env is built (multi-task envs)
 
     def _config_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(draccus.encode(self.cfg), default=str))
@@ -89,12 +111,14 @@ class Trainer:
 
         # Seeded like the env (evaluate_policy): the same policy always scores the same, the before and after
         # evaluations share their flow noise, and the training RNG stream is left untouched.
+        tasks = self.curriculum.eval_tasks if cfg.eval.protocol == "per_task" and self.curriculum else None
         seed, shard = cfg.eval.seed, None
-        if dist.enabled:  # this rank plays its slice of the evaluation envs; the episodes are gathered
+        if dist.enabled and tasks is None:  # this rank plays its slice of the evaluation envs; episodes gathered
             shard = EvalShard(cfg.eval_envs, dist.rank * env.num_envs, dist.gather_objects)
             seed += shard.offset
         res = evaluate_policy(env, policy, cfg.eval.episodes, seed, cfg.exec_steps, video,
-                              cfg.eval.video_envs, desc=f"eval {tag}", progress=dist.is_main, shard=shard)
+                              cfg.eval.video_envs, desc=f"eval {tag}", progress=dist.is_main, tasks=tasks,
+                              episodes_per_task=cfg.eval.episodes_per_task, shard=shard)
         if res.video:
             logger.log_video(iteration, "eval/video", res.video, env.spec.control_freq)
         return res
@@ -119,6 +143,9 @@ class Trainer:
                 eval_env = cfg.env.make(*dist.env_shard(cfg.eval_envs, cfg.eval.seed, "eval.num_envs"))
             else:
                 eval_env = cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed)
+            self.curriculum = task_curriculum(cfg, env.spec)
+            if self.curriculum is not None and cfg.env.tasks.holdout:  # evaluate on the held-out tasks only
+                eval_env.schedule_tasks(weights=(~self.curriculum.train_mask).astype(float))
             if resume_from is not None:
                 policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)  # resume_checkpoint verified it
             else:
@@ -133,6 +160,8 @@ class Trainer:
             if resume_from is not None:
                 state = ckpt.load_trainer_state(resume_from)
                 learner.load_state_dict(state["learner"])
+                if self.curriculum is not None and "curriculum" in state:
+                    self.curriculum.load_state_dict(state["curriculum"])
                 ckpt.set_rng_state(state["rng"])
                 if dist.enabled:
                     ranks = state.get("ranks") or []
@@ -171,11 +200,15 @@ class Trainer:
             self._write_eval(first, "before")
         bar = tqdm(range(start_iter, cfg.iterations), desc="train", unit="it", initial=start_iter, total=cfg.iterations,
                    disable=not dist.is_main)
+        after_row = StageTimes()  # logging and checkpointing, done after an iteration's row is written
         for it in bar:
             t0 = time.perf_counter()
+            carried = after_row.take("time/")  # the previous iteration's log / checkpoint seconds
             base, _ = training_seed_range(cfg, it)
             base = dist.seed_base(base, env.num_envs)
             policy.train()
+            if self.curriculum is not None:  # this iteration's resets draw their tasks from these weights
+                env.schedule_tasks(weights=self.curriculum.weights())
             inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration,
                                      engine=engine if learner.needs.env_rollouts else None, data=data)
             batch = learner.collect(inputs)
@@ -183,25 +216,42 @@ class Trainer:
             stats = learner.update(batch)
             t2 = time.perf_counter()
             scalars = {"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
+            scalars.update(split_remainder(t2 - t1, {k: v for k, v in stats.items() if k.startswith("time/update_")},
+                                           "time/update_other_s"))
             if isinstance(batch, Rollout):
+                stages = {k: v for k, v in batch.times.items() if k != "time/rollout_collect_s"}
+                scalars.update(split_remainder(t1 - t0, stages, "time/rollout_other_s"))
                 scalars["time/env_steps_per_s"] = batch.env_steps / max(t1 - t0, 1e-9)
+            else:  # a dataset learner: drawing its batch
+                scalars["time/rollout_other_s"] = t1 - t0
             scalars = dist.merge_scalars(scalars, summed=("time/env_steps_per_s",))
             if isinstance(batch, Rollout):
-                scalars = {**rollout_scalars(batch, dist), **scalars}
+                episodes = dist.gather_objects(list(batch.episodes))  # every rank's, so the curriculum agrees
+                scalars = {**rollout_scalars(batch, episodes), **scalars}
+                if self.curriculum is not None:
+                    self.curriculum.observe((e.task_index, e.success) for e in episodes)
+                    scalars.update(self.curriculum.scalars())
             step = int(dist.sum(torch.tensor(engine.total_env_steps)).item()) if dist.enabled else engine.total_env_steps
             done_iter = it + 1
             is_last = done_iter == cfg.iterations
+            t_eval = time.perf_counter()
             if is_last or (cfg.eval.every and done_iter % cfg.eval.every == 0):
                 res = self._evaluate(policy, eval_env, step, logger, f"iter_{done_iter:06d}")
                 scalars.update(res.scalars())
                 last = res
-            logger.log(step, scalars)
+            scalars["time/eval_s"] = time.perf_counter() - t_eval
+            scalars.update({"time/log_s": 0.0, "time/checkpoint_s": 0.0, **carried})
+            scalars["time/iteration_s"] = time.perf_counter() - t0 + scalars["time/log_s"] + scalars["time/checkpoint_s"]
+            with after_row("log"):
+                logger.log(step, scalars)
             shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
             bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
-                            eval=f"{last.success_rate:.2f}" if last else "-")
+                            eval=f"{last.success_rate:.2f}" if last else "-", time=time_summary(scalars))
             if is_last or done_iter % cfg.checkpoint_every == 0:
+                after_row.start("checkpoint")
                 state = {"learner": learner.state_dict(), "rng": ckpt.rng_state(), "iteration": done_iter,
-                         "env_steps": step}
+                         "env_steps": step,
+                         **({"curriculum": self.curriculum.state_dict()} if self.curriculum is not None else {})}
                 if dist.enabled:  # every rank's RNG and own learner state; rank 0 writes them all
                     state["ranks"] = dist.all_objects({"rng": state["rng"], "learner": learner.rank_state()})
                 if dist.is_main:
@@ -210,6 +260,7 @@ class Trainer:
                     if last is not None and (best is None or last.success_rate > best) and "eval/success" in scalars:
                         best = last.success_rate
                         ckpt.mark_best(self.ckpt_dir, saved, best)
+                after_row.stop("checkpoint")
         bar.close()
         if last is not None:
             self._write_eval(last, "after")

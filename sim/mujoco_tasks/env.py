@@ -42,6 +42,8 @@ from sim.mujoco_tasks.tasks import (
     reward_terms,
 )
 from sim.single import SingleEnv, StepOut
+from sim.tasks import TASK_INDEX as TASK_INDEX_KEY
+from sim.tasks import Assignment, TaskSchedule
 
 STATE_DIM = 11
 ENV_STATE_DIM = 13
@@ -136,6 +138,11 @@ class TabletopEnv(SingleEnv):
         obs_spec = {image_key(c): TensorSpec((size, size, 3), torch.uint8, 0, 255) for c in self.cameras}
         obs_spec[OBS_STATE] = TensorSpec((STATE_DIM,), torch.float32)
         obs_spec[OBS_ENV_STATE] = TensorSpec((ENV_STATE_DIM,), torch.float32)
+        multi = cfg.task == MULTI
+        if multi:
+            obs_spec[TASK_INDEX_KEY] = TensorSpec((), torch.int64)
+        self.schedule = TaskSchedule(len(self._choices), cfg.env_id)
+        self._task_slot = 0
         self.spec = EnvSpec(
             env_id=cfg.env_id,
             observation=obs_spec,
@@ -143,6 +150,7 @@ class TabletopEnv(SingleEnv):
             max_episode_steps=self.max_episode_steps,
             control_freq=cfg.control_freq,
             cameras=self.cameras,
+            tasks=tuple(t.name for t in self._choices) if multi else (),
         )
         self._renderer: mujoco.Renderer | None = None
         self._scene_option = mujoco.MjvOption()
@@ -160,8 +168,12 @@ class TabletopEnv(SingleEnv):
         """Start an episode: draw the task (``multi``), the cube/pad layout and the arm start."""
         if seed is not None:
             self._rng = np.random.default_rng(seed)
+        plan = self.schedule.next(self._rng)  # uniform: one rng.integers draw, as before task schedules existed
+        if plan.seed is not None:
+            self._rng = np.random.default_rng(plan.seed)
         rng = self._rng
-        self.task = self._choices[int(rng.integers(len(self._choices)))] if len(self._choices) > 1 else self._choices[0]
+        self._task_slot = plan.task
+        self.task = self._choices[plan.task]
         m, d, ids = self.model, self.data, self.ids
         mujoco.mj_resetData(m, d)
         cubes_xy, pad_xy = sample_layout(rng, self.task)
@@ -179,6 +191,12 @@ class TabletopEnv(SingleEnv):
         self._state = self.read_state()
         self._phi = potentials(self.task, self._state)
         return self._observe(), self.task.instruction
+
+    def schedule_tasks(self, weights: np.ndarray | None, plan: list[Assignment] | None) -> None:
+        """Task weights / queued assignments of ``mujoco/multi`` and ``*-any`` (:mod:`sim.tasks`)."""
+        if not self.spec.tasks:
+            super().schedule_tasks(weights, plan)
+        self.schedule.set(weights, plan)
 
     def step(self, action: np.ndarray) -> StepOut:
         """Apply ``action [4]`` for one control step (``n_substeps`` physics steps).
@@ -281,6 +299,8 @@ class TabletopEnv(SingleEnv):
             ),
             OBS_ENV_STATE: np.concatenate([s.cubes.ravel(), s.pad, [TASK_INDEX[self.task.name]]]).astype(np.float32),
         }
+        if self.spec.tasks:
+            obs[TASK_INDEX_KEY] = np.int64(self._task_slot)
         if self.cameras and render:
             if self._renderer is None:
                 size = self.cfg.image_size

@@ -32,6 +32,26 @@ the dense terms sum to at most 0.9 over an episode and never pay for hovering
 short of success (shaping that keeps the optimal policy, Ng et al. 1999);
 ``absolute`` pays ``phi(s')`` each step (ManiSkill-style dense reward);
 ``sparse`` zeroes every dense term. The step reward is the sum of the terms.
+
+Stages: every task declares the ordered sub-goals an episode passes through
+(:data:`STAGES`), each a predicate on a :class:`TaskState` (:func:`stage_flags`):
+
+=========  ==============================================================
+stage      holds when
+=========  ==============================================================
+``reach``  the pinch point is within 3 cm of the task's cube
+``grasp``  both fingers touch the cube (pick, stack)
+``touch``  any robot geom touches the cube (push)
+``lift``   the grasped cube's bottom is 2 cm or more above the table
+``place``  push: the cube centre is within 3.5 cm of the pad (xy), resting;
+           stack: the cube is centred over the lower cube (2 cm, xy) and
+           within 1 cm of its stacked height
+=========  ==============================================================
+
+pick: reach -> grasp -> lift; push: reach -> touch -> place; stack: reach ->
+grasp -> lift -> place. :func:`stage_progress` counts the leading stages that
+hold now (0 .. number of stages), the milestone label a process reward model
+learns and the stage a stage-wise constraint cost applies in.
 """
 
 from __future__ import annotations
@@ -54,6 +74,15 @@ PUSH_RADIUS = 0.035  # m: push success needs the cube centre this close to the p
 STACK_XY = 0.02  # m: stack success needs the upper cube centred this well over the lower one
 RESTING_Z = CUBE_HALF + 0.008  # m: a cube centre below this height rests on the table
 STATIC_SPEED = 0.05  # m/s: a stacked cube must move slower than this
+REACH_RADIUS = 0.03  # m: the ``reach`` stage holds with the pinch point this close to the cube centre
+LIFT_STAGE_HEIGHT = 0.02  # m: the ``lift`` stage holds with the grasped cube's bottom this high
+
+STAGES: dict[str, tuple[str, ...]] = {
+    "pick": ("reach", "grasp", "lift"),
+    "push": ("reach", "touch", "place"),
+    "stack": ("reach", "grasp", "lift", "place"),
+}
+STAGE_NAMES: tuple[str, ...] = ("reach", "grasp", "touch", "lift", "place")  # union, in order of first use
 
 
 @dataclass(frozen=True)
@@ -75,6 +104,11 @@ class Task:
     base: int
     instruction: str
     max_episode_steps: int
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The task's ordered stages (see the module doc)."""
+        return STAGES[self.kind]
 
 
 def _family() -> tuple[Task, ...]:
@@ -138,6 +172,36 @@ def is_success(task: Task, s: TaskState) -> bool:
         and not s.touched[task.cube]
         and s.cube_speed[task.cube] <= STATIC_SPEED
     )
+
+
+def stage_flags(task: Task, s: TaskState) -> dict[str, bool]:
+    """Which of the task's stages hold on state ``s`` (keys: ``task.stages``, in order)."""
+    cube = s.cubes[task.cube]
+    grasped = bool(s.grasped[task.cube])
+    holds = {
+        "reach": float(np.linalg.norm(s.pinch - cube)) <= REACH_RADIUS,
+        "grasp": grasped,
+        "touch": bool(s.touched[task.cube]),
+        "lift": grasped and cube[2] - CUBE_HALF >= LIFT_STAGE_HEIGHT,
+    }
+    if task.kind == "push":
+        holds["place"] = bool(np.linalg.norm(cube[:2] - s.pad[:2]) <= PUSH_RADIUS and cube[2] <= RESTING_Z)
+    elif task.kind == "stack":
+        base = s.cubes[task.base]
+        holds["place"] = bool(
+            np.linalg.norm(cube[:2] - base[:2]) <= STACK_XY and abs(cube[2] - base[2] - 2 * CUBE_HALF) <= 0.01
+        )
+    return {name: bool(holds[name]) for name in task.stages}
+
+
+def stage_progress(task: Task, s: TaskState) -> int:
+    """How many of the task's stages, from the first, hold on ``s`` (0 .. ``len(task.stages)``)."""
+    n = 0
+    for held in stage_flags(task, s).values():
+        if not held:
+            break
+        n += 1
+    return n
 
 
 def potentials(task: Task, s: TaskState) -> dict[str, float]:

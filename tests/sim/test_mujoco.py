@@ -29,6 +29,8 @@ from sim.mujoco_tasks.tasks import (
     TaskState,
     is_success,
     potentials,
+    stage_flags,
+    stage_progress,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -349,3 +351,31 @@ def test_expert_succeeds_on_50_episodes(task):
     wins = sum(r[0] for r in results)
     assert wins >= 45, f"{task}: expert succeeded {wins}/50"
     assert max(r[1] for r in results if r[0]) < env.max_episode_steps
+
+
+def test_stage_predicates_on_hand_built_states():
+    pick, push = TASKS[TASK_INDEX["pick-red"]], TASKS[TASK_INDEX["push-blue-to-pad"]]
+    stack = TASKS[TASK_INDEX["stack-red-on-green"]]
+    assert pick.stages == ("reach", "grasp", "lift") and stack.stages[-1] == "place"
+    s = _state()
+    assert stage_progress(pick, s) == 0 and not any(stage_flags(stack, s).values())
+    near = s.cubes.copy()
+    near[RED] = s.pinch + [0.0, 0.0, -0.02]  # in the hand's reach, but not grasped
+    assert stage_flags(pick, _state(cubes=near)) == {"reach": True, "grasp": False, "lift": False}
+    assert stage_progress(pick, _state(cubes=near)) == 1
+    grasped = np.array([True, False, False])
+    on_table = s.cubes.copy()
+    on_table[RED] = [s.pinch[0], s.pinch[1], CUBE_HALF]
+    low = _state(pinch=on_table[RED] + [0, 0, 0.005], cubes=on_table, grasped=grasped)
+    assert stage_progress(pick, low) == 2  # grasped on the table: not lifted yet
+    lifted = on_table.copy()
+    lifted[RED, 2] += 0.03
+    assert stage_progress(pick, _state(pinch=lifted[RED], cubes=lifted, grasped=grasped)) == 3
+    # a later stage alone does not count: a cube on the pad without the hand near it is progress 0
+    on_pad = s.cubes.copy()
+    on_pad[BLUE, :2] = s.pad[:2]
+    flags = stage_flags(push, _state(cubes=on_pad))
+    assert flags["place"] and not flags["reach"] and stage_progress(push, _state(cubes=on_pad)) == 0
+    stacked = s.cubes.copy()
+    stacked[RED] = stacked[GREEN] + [0.0, 0.0, 2 * CUBE_HALF]
+    assert stage_progress(stack, _state(pinch=stacked[RED], cubes=stacked, grasped=grasped)) == 4
