@@ -46,6 +46,9 @@ class EnvConfig:
     that always render one; others reject it (``sim.wrist_camera_support``)."""
     spin_wait: str = "auto"
     """With env workers, busy-poll for replies instead of sleeping: ``on``, ``off``, ``auto`` (if they fit the CPUs)."""
+    executor: str = "process"
+    """What runs the env workers: ``process`` (worker processes) or ``ray`` (Ray actors, local or on the cluster of
+    ``RAY_ADDRESS``; needs ``num_workers >= 1`` and the ``ray`` extra). Same episodes for the same seeds."""
     tasks: TaskSamplingConfig = field(default_factory=TaskSamplingConfig)
     """Multi-task envs: which task each training reset plays (``--env.tasks.sampler uniform|curriculum|progress``)
     and which tasks are held out for evaluation (``--env.tasks.holdout '[a, b]'``); see :mod:`vla_rl.curriculum`."""

@@ -77,6 +77,21 @@ class EvalResult:
         return out
 
 
+@dataclass
+class EvalShard:
+    """This process's part of an evaluation spread over processes (:mod:`vla_rl.distributed`).
+
+    Attributes:
+        total_envs: evaluation envs over all processes.
+        offset: index of this process's first env among them (its env ``i`` is seeded ``seed + offset + i``).
+        gather: every process's episode records, concatenated (a collective: all processes call it).
+    """
+
+    total_envs: int
+    offset: int
+    gather: Callable[[list], list]
+
+
 def evaluate_episodes(
     env: VecEnv,
     act: ActionFn,
@@ -87,6 +102,7 @@ def evaluate_episodes(
     video_envs: int = 4,
     desc: str = "eval",
     progress: bool = True,
+    shard: EvalShard | None = None,
 ) -> EvalResult:
     """Run ``episodes`` episodes (see module doc) and summarize them.
 
@@ -99,9 +115,12 @@ def evaluate_episodes(
         video_path: write an MP4 of the first ``video_envs`` envs' cameras there (every step is then
             rendered, :meth:`sim.core.VecEnv.step_chunk` with ``record_obs``, until those envs have
             played their episodes).
+        shard: when ``env`` holds envs ``[offset, offset + num_envs)`` of an evaluation spread over several
+            processes: they play their share and the episodes of all are gathered before the summary, which is
+            then the one a single env of ``shard.total_envs`` envs would give (same seeds, same trimming).
     """
     b = env.num_envs
-    quota = math.ceil(episodes / b)
+    quota = math.ceil(episodes / (shard.total_envs if shard is not None else b))
     counts = [0] * b
     records: list[tuple[int, int, str, float, int, bool]] = []  # env, k, task, return, length, success
     obs = env.reset(seed=seed)
@@ -125,6 +144,8 @@ def evaluate_episodes(
                                     int(out.episode_length[h, i]), bool(out.success[h, i])))
                     counts[i] += 1
                     bar.update(1)
+    if shard is not None:
+        records = shard.gather([(r[0] + shard.offset, *r[1:]) for r in records])
     records.sort(key=lambda r: (r[1], r[0]))  # round-robin over envs, then trim to N
     records = records[:episodes]
     succ = sum(r[5] for r in records)
@@ -156,6 +177,7 @@ def evaluate_policy(
     progress: bool = True,
     tasks: Sequence[int] | None = None,
     episodes_per_task: int = 50,
+    shard: EvalShard | None = None,
 ) -> EvalResult:
     """:func:`evaluate_episodes` (or, given ``tasks``, :func:`evaluate_per_task`) of ``policy``'s deterministic actions (:attr:`ActMode.EVAL`), on its own RNG stream.
 
@@ -174,7 +196,8 @@ def evaluate_policy(
         if tasks is not None:
             res = evaluate_per_task(env, act, tasks, episodes_per_task, seed, exec_steps, desc, progress)
         else:
-            res = evaluate_episodes(env, act, episodes, seed, exec_steps, video_path, video_envs, desc, progress)
+            res = evaluate_episodes(env, act, episodes, seed, exec_steps, video_path, video_envs, desc, progress,
+                                    shard)
     policy.reset()
     return res
 

@@ -517,4 +517,4 @@ class LiberoBackend(Backend):
         workers = options.num_workers
         if workers < 0:
             workers = min(num_envs, os.cpu_count() or 1)
-        return build_vec_env(factories, env_id, workers, context="spawn", spin=options.spin)
+        return build_vec_env(factories, env_id, workers, context="spawn", spin=options.spin, executor=options.executor)

@@ -229,4 +229,4 @@ class ManiSkillBackend(Backend):
 
         workers = options.num_workers if options.num_workers >= 0 else min(num_envs, os.cpu_count() or 1)
         factory = functools.partial(_make_single, task, options, icd)
-        return build_vec_env([factory] * num_envs, env_id, workers, spin=options.spin)
+        return build_vec_env([factory] * num_envs, env_id, workers, spin=options.spin, executor=options.executor)

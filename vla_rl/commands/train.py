@@ -17,6 +17,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     cfg = apply_smoke(cfg)
     result = Trainer(cfg).run()
     before, after = result["before"], result["after"]
+    if not result.get("main", True):  # another rank of a distributed run: rank 0 reports
+        return result
     if before is not None and after is not None:
         print(f"success {before.success_rate:.2f} -> {after.success_rate:.2f} "
               f"(95% CI {after.ci_low:.2f}-{after.ci_high:.2f}, {after.episodes} episodes)")
