@@ -99,7 +99,7 @@ def test_policy_drives_the_lerobot_robot_and_episode_is_recorded(tmp_path):
     frame = ds[len(ds) - 1]
     assert frame["observation.images.front"].shape == (3, 64, 64)
     np.testing.assert_allclose(frame["action"].numpy(), sent[len(steps) - 1], atol=1e-5)
-    assert frame["task"] == "move" and not bool(frame["is_intervention"])
+    assert frame["task"] == "move" and not bool(frame["intervention"]) and int(frame["intervention_label"]) == 0
 
 
 def test_dry_run_never_reaches_the_robot(tmp_path):

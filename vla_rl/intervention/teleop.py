@@ -3,7 +3,7 @@
 Keys (single characters; from the terminal, the camera window, or a test):
 
 - ``t``: take over (the operator is in control; steps are ``recovery``);
-- ``c``: mark the switch from recovery to correction (steps are ``correction``);
+- ``m``: mark the switch from recovery to correction (steps are ``correction``);
 - ``h``: hand back to the policy;
 - ``s`` / ``f``: end the episode as success / failure; ``n``: end it (the env's verdict);
 - ``q``: end the episode and the session.
@@ -44,7 +44,7 @@ class SessionKeys:
         with self._lock:
             if key == "t":
                 self.in_control, self.correcting = True, False
-            elif key == "c" and self.in_control:
+            elif key == "m" and self.in_control:
                 self.correcting = True
             elif key == "h":
                 self.in_control, self.correcting = False, False
