@@ -244,7 +244,8 @@ class Trainer:
             return None
         if not cfg.data.path:
             raise ConfigError(f"algo.type={cfg.algo.type} trains on offline data: pass --data.path <LeRobotDataset folder>")
-        return load_chunks(cfg.data.path, policy_inputs(policy), policy.chunk_size, cfg.data.episodes)
+        return load_chunks(cfg.data.path, policy_inputs(policy), policy.chunk_size, cfg.data.episodes,
+                           cfg.data.intervention_split, cfg.data.recovery_steps)
 
     def _write_eval(self, res: EvalResult, tag: str) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,9 @@ class OperatorConfig:
     """A recovery target is at least this many steps old."""
     max_takeovers: int = 3
     """Takeovers per episode at most (then the policy is left alone)."""
+    max_step: float = 0.04
+    """The env's metres per unit action (``--env.max_step`` of ``mujoco/*``; used where the operator is built
+    from this config alone, as in RaC rounds)."""
 
     def __post_init__(self) -> None:
         for name in ("reaction_delay", "patience", "miss_steps", "max_recovery_steps", "min_back_steps",

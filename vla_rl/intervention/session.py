@@ -173,6 +173,9 @@ def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes
                 if not done:
                     continue
                 ok = bool(info["episode"]["success"][i]) if (term[i] or trunc[i]) else bool(verdict)
+                if stats.episodes >= episodes:  # several envs ended on the last step: keep exactly `episodes`
+                    frames[i] = []
+                    continue
                 _save(recorder, frames[i])
                 stats.episodes += 1
                 stats.successes += ok
