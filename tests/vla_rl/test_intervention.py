@@ -231,3 +231,34 @@ def test_rac_sampling_weights_and_policy_masking():
     assert (unmasked.sample(500, torch.Generator().manual_seed(1)).label == P).any()
     with pytest.raises(ValueError, match="rounds_dir"):
         RaCLearnerConfig(episodes_per_round=4)
+
+
+@pytest.mark.slow
+def test_rac_learner_trains_in_rounds_and_resumes(tmp_path):
+    """``--algo.type rac`` with rounds: collect with the simulated operator -> fine-tune -> collect; a resumed run
+    reloads the finished rounds and collects only the missing ones."""
+    from tests.vla_rl.test_sft import TINY
+    from vla_rl.cli import run
+
+    demos, rounds, run_dir = tmp_path / "demos", tmp_path / "rounds", tmp_path / "run"
+    run(["collect", "--env.id", "mujoco/pick-place-stack", "--env.num_envs", "2", "--env.obs_mode", "state",
+         "--episodes", "2", "--output", str(demos)])
+    args = ["train", "--algo.type", "rac", "--data.path", str(demos), "--algo.steps_per_iter", "10",
+            "--algo.batch_size", "16", "--algo.steps", "50", "--algo.episodes_per_round", "2",
+            "--algo.iters_per_round", "2", "--algo.operator.patience", "6", "--algo.rounds_dir", str(rounds), *TINY,
+            "--env.id", "mujoco/pick-place-stack", "--env.obs_mode", "state", "--env.num_envs", "2",
+            "--env.num_workers", "0", "--env.max_episode_steps", "30", "--eval.episodes", "2", "--eval.every", "0",
+            "--eval.video", "false", "--logging.wandb", "false", "--logging.tensorboard", "false",
+            "--run_dir", str(run_dir), "--checkpoint_every", "1"]
+    run([*args, "--iterations", "3"])
+    assert sorted(p.name for p in rounds.iterdir()) == ["round_000", "round_001"]
+    stamp = (rounds / "round_000" / "meta" / "info.json").stat().st_mtime_ns
+    run([*args, "--iterations", "5", "--resume", "true"])
+    assert sorted(p.name for p in rounds.iterdir()) == ["round_000", "round_001", "round_002"]
+    assert (rounds / "round_000" / "meta" / "info.json").stat().st_mtime_ns == stamp  # reloaded, not recollected
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    collected = [r for r in rows if "rac/round_operator_steps" in r]
+    assert len(collected) == 3 and all(r["rac/round_operator_steps"] > 0 for r in collected)
+    trained = [r for r in rows if "update/rows_policy" in r]
+    assert len(trained) == 5 and all(r["update/rows_policy"] == 0.0 for r in trained)  # policy steps masked
+    assert trained[-1]["update/rows_correction"] > 0

@@ -100,15 +100,11 @@ class RaCLearnerConfig(SFTLearnerConfig):
 class WeightedRows:
     """A :class:`~vla_rl.data.ChunkDataset` drawn with per-row probabilities (weights need not sum to 1).
 
-    With ``keep`` (bool ``[N, H]``) each drawn row's chunk mask is ANDed with it.
-
-    Raises:
-        ValueError: when no row has a positive weight.
+    With ``keep`` (bool ``[N, H]``) each drawn row's chunk mask is ANDed with it. Sample only from a source
+    with a positive :attr:`total`.
     """
 
     def __init__(self, data: ChunkDataset, weights: Tensor, keep: Tensor | None = None) -> None:
-        if not bool((weights > 0).any()):
-            raise ValueError("no row of the intervention data has a positive weight (every label weighted 0?)")
         self.data, self.weights, self.keep = data, weights.double(), keep
 
     def __len__(self) -> int:
@@ -173,7 +169,18 @@ class RaCLearner(SFTLearner):
         return load_chunks(path, policy_inputs(self.policy), self.policy.chunk_size)
 
     def _build_mix(self) -> MixedSource:
-        interv = [intervention_source(d, self.cfg) for d in self.sources]
+        """Demos and the label-weighted intervention rows (sources with no row of positive weight, e.g. a round
+        without a takeover, are left out).
+
+        Raises:
+            ValueError: when neither demos nor any intervention row with a positive weight remain.
+        """
+        interv = [s for s in (intervention_source(d, self.cfg) for d in self.sources) if s.total > 0]
+        if not interv:
+            if self.demos is None:
+                raise ValueError("algo.type=rac: no intervention row has a positive weight (no takeover recorded, "
+                                 "or every label weighted 0) and no algo.demos to train on")
+            return MixedSource([(self.demos, 1.0)])
         pooled = MixedSource([(s, s.total) for s in interv]) if len(interv) > 1 else interv[0]
         if self.demos is None or self.cfg.demo_ratio == 0.0:
             return MixedSource([(pooled, 1.0)])
