@@ -89,6 +89,8 @@ class SessionStats:
     steps: dict[str, int] = field(default_factory=lambda: {label.text: 0 for label in Label})
     takeovers: int = 0
     wall_s: float = 0.0
+    outcomes: list[bool] = field(default_factory=list)
+    """Per episode: success."""
     recoveries: list[int] = field(default_factory=list)
     """Per episode: recovery manoeuvres the policy made itself (:func:`~vla_rl.intervention.operator.count_recoveries`
     on its stage progress, counted only on episodes without a takeover; -1 for the others)."""
@@ -179,6 +181,7 @@ def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes
                 _save(recorder, frames[i])
                 stats.episodes += 1
                 stats.successes += ok
+                stats.outcomes.append(ok)
                 stats.takeovers += int(took[i])
                 stats.recoveries.append(count_recoveries(prog[i]) if not took[i] and prog[i] else -1)
                 frames[i], prog[i], took[i] = [], [], False
@@ -210,6 +213,25 @@ def _save(recorder: EpisodeRecorder | None, frames: list[tuple[dict[str, Any], n
 def _reset_one(env: VecEnv, obs: dict[str, Any], i: int) -> dict[str, Any]:
     """Start a new episode in env ``i`` (the operator ended it with a key): the batch with its row replaced."""
     return env.reset(env_ids=[i])
+
+
+class PassiveController:
+    """Never takes over: the policy alone (with ``progress_of``, :func:`run_session` counts its own recoveries)."""
+
+    def reset(self) -> None:
+        pass
+
+    def act(self, obs: dict[str, Any], index: int, step: int) -> tuple[np.ndarray | None, Label]:
+        return None, Label.POLICY
+
+
+def tabletop_progress(obs: dict[str, Any], index: int) -> int:
+    """Stage progress of tabletop env ``index`` from its observation (``progress_of`` of :func:`run_session`)."""
+    from sim.mujoco_tasks.privileged import observed_state
+    from sim.mujoco_tasks.tasks import stage_progress
+
+    task, s, _ = observed_state(_np(obs[OBS_STATE][index]), _np(obs[OBS_ENV_STATE][index]))
+    return stage_progress(task, s)
 
 
 def make_operators(cfg: OperatorConfig, num_envs: int, max_step: float, seed: int) -> list[Controller]:
