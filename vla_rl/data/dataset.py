@@ -234,8 +234,7 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
         ds = load_dataset(root)
         items = (ds[i] for i in range(len(ds)))
     except Exception as exc:  # noqa: BLE001  (pyarrow / datasets errors on a damaged file: name the folder)
-        raise DatasetError(f"{spec.root}: cannot read the dataset's frames ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''}); is a file truncated?") from None
+        raise _read_error(spec.root, exc) from None
     frames: dict[str, list] = {}
     ep_of: list[int] = []
     for item in _checked(items, spec.root):
@@ -283,6 +282,11 @@ def _checked(items: Any, root: Path) -> Any:
         except StopIteration:
             return
         except Exception as exc:  # noqa: BLE001  (pyarrow / datasets errors on a damaged file: name the folder)
-            raise DatasetError(f"{root}: cannot read the dataset's frames ({type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else ''}); is a file truncated?") from None
+            raise _read_error(root, exc) from None
         yield item
+
+
+def _read_error(root: Path, exc: Exception) -> DatasetError:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return DatasetError(f"{root}: cannot read the dataset's frames ({type(exc).__name__}: {first}); "
+                        "is a file truncated?")
