@@ -87,6 +87,8 @@ class LeRobotEETeleop:
 
     Raises:
         ValueError: naming the keys the teleoperator's action lacks.
+        RuntimeError: when a teleoperator built from its config does not connect (LeRobot's keyboard needs
+            ``pynput`` and an X display; a gamepad must be plugged in).
     """
 
     KEYS = ("delta_x", "delta_y", "delta_z")
@@ -95,8 +97,15 @@ class LeRobotEETeleop:
         if not hasattr(teleop, "get_action"):
             from lerobot.teleoperators import make_teleoperator_from_config
 
+            kind = getattr(teleop, "type", "teleoperator")
             teleop = make_teleoperator_from_config(teleop)
-            teleop.connect()
+            try:
+                teleop.connect()
+            except Exception as exc:  # noqa: BLE001  (device / display errors of any kind: one line)
+                raise RuntimeError(f"LeRobot {kind} teleoperator failed to connect: {exc}") from None
+            if not getattr(teleop, "is_connected", True):
+                raise RuntimeError(f"LeRobot {kind} teleoperator did not connect (the keyboard needs pynput and an "
+                                   "X display, a gamepad must be plugged in); use --operator sim or another device")
         self.teleop = teleop
         self.scale = scale
         self.grip = -1.0
@@ -116,7 +125,7 @@ class LeRobotEETeleop:
 
     def close(self) -> None:
         disconnect = getattr(self.teleop, "disconnect", None)
-        if disconnect is not None:
+        if disconnect is not None and getattr(self.teleop, "is_connected", True):
             disconnect()
 
 
