@@ -3,8 +3,8 @@
     OMP_NUM_THREADS=1 python benchmarks/rac.py [--seeds 0 1 2] [--eval-episodes 400] [--budget 1200]
         [--write docs/benchmarks.md]
 
-Per seed, from one pre-trained policy (compact flow policy, state observations, pre-trained with
-``vla_rl.sft.pretrain`` on ``--demos`` scripted-expert episodes, stopped early: a weak start), three arms
+Per seed, from one pre-trained policy (compact flow policy on the 64x64 front camera + proprioception,
+pre-trained with ``vla_rl.sft.pretrain`` on ``--demos`` noisy scripted-expert episodes), three arms
 spend the same operator budget (``--budget`` env steps controlled by the operator) and the same number of
 gradient steps:
 
@@ -73,12 +73,12 @@ def build_policy(spec: Any) -> Any:
 def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: Path, work: Path) -> dict[str, Any]:
     """Spend the arm's operator budget and fine-tune ``policy`` in place; returns the arm's counts."""
     t0 = time.perf_counter()
-    env = make_env(ENV_ID, num_envs=args.envs, seed=seed * 1000 + 500, obs_mode="state")
+    env = make_env(ENV_ID, num_envs=args.envs, seed=seed * 1000 + 500, obs_mode="rgb")
     rounds = args.rounds if arm != "demos" else 1
     steps = args.finetune_steps // rounds
     cfg = RaCLearnerConfig(
         steps=args.finetune_steps, steps_per_iter=steps, batch_size=args.batch, lr=args.lr, demos=str(demos),
-        demo_ratio=0.5, image_shift=0, episodes_per_round=0 if arm == "demos" else 100_000, iters_per_round=1,
+        demo_ratio=0.5, episodes_per_round=0 if arm == "demos" else 100_000, iters_per_round=1,
         round_operator_steps=math.ceil(args.budget / rounds), rounds_dir=str(work / arm / "rounds"),
         operator=OperatorConfig(recover=arm == "rac", reaction_delay=args.reaction_delay,
                                 action_noise=args.operator_noise),
@@ -117,13 +117,13 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
 
 def evaluate(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    env = make_env(ENV_ID, num_envs=args.envs, seed=EVAL_SEED + seed, obs_mode="state")
+    env = make_env(ENV_ID, num_envs=args.envs, seed=EVAL_SEED + seed, obs_mode="rgb")
     res = evaluate_policy(env, policy, args.eval_episodes, EVAL_SEED + seed, desc="eval")
     env.close()
     out = {"episodes": res.episodes, "success": res.success_rate, "ci": [res.ci_low, res.ci_high],
            "eval_wall_s": time.perf_counter() - t0}
     if args.scaling_episodes:
-        env = make_env(ENV_ID, num_envs=args.envs, seed=EVAL_SEED // 2 + seed, obs_mode="state")
+        env = make_env(ENV_ID, num_envs=args.envs, seed=EVAL_SEED // 2 + seed, obs_mode="rgb")
 
         def act(obs: dict) -> torch.Tensor:
             return policy.act(obs, ActMode.EVAL).actions
@@ -140,14 +140,14 @@ def evaluate(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    env = make_env(ENV_ID, num_envs=args.envs, seed=seed * 1000, obs_mode="state")
+    env = make_env(ENV_ID, num_envs=args.envs, seed=seed * 1000, obs_mode="rgb")
     demos = work / "demos"
     got = collect_demos(env, demos, args.demos, "local/rac-bench-demos", action_noise=0.1, seed=seed)
     args.demo_frames = got["frames"]
     data = load_chunks(demos, policy_inputs(build_policy(env.spec)), POLICY["chunk_size"])
     base = build_policy(env.spec)
     env.close()
-    pretrain(base, data, SFTConfig(steps=args.pretrain_steps, batch_size=args.batch, lr=args.lr, image_shift=0),
+    pretrain(base, data, SFTConfig(steps=args.pretrain_steps, batch_size=args.batch, lr=args.lr),
              seed=seed)
     base.eval()
     out: dict[str, Any] = {"seed": seed, "demo_frames": got["frames"], "pretrain_wall_s": time.perf_counter() - t0}
@@ -214,7 +214,7 @@ def report(summary: dict[str, Any]) -> str:
     lines = [
         f"`python benchmarks/rac.py {summary['command']}` ({summary['wall_s'] / 60:.1f} min, {summary['conditions']}).",
         "",
-        f"Task `{ENV_ID}` (state observations), compact flow policy pre-trained on {a['demos']} noisy expert demos "
+        f"Task `{ENV_ID}` (64x64 front camera + proprioception), compact flow policy pre-trained on {a['demos']} noisy expert demos "
         f"for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
         f"{a['finetune_steps']} gradient steps (batch {a['batch']}, demos mixed 1:1); RaC and DAgger in "
         f"{a['rounds']} rounds. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
