@@ -19,6 +19,7 @@ from policies.registry import POLICIES
 from rewards.config import RewardConfig
 from vla_rl.algorithms import grpo as _grpo  # noqa: F401  (registers the built-in learners)
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
+from vla_rl.algorithms import rac as _rac  # noqa: F401
 from vla_rl.algorithms import sft as _sft  # noqa: F401
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.ppo import PPOConfig
@@ -101,6 +102,12 @@ class DataConfig:
     inputs by name (:func:`vla_rl.data.load_chunks`)."""
     episodes: int = 0
     """Use only the first this many episodes; 0 = all."""
+    intervention_split: str = "correction"
+    """How intervention steps without RaC labels (LeRobot's ``intervention`` flag only) are labelled:
+    ``correction`` (all), ``first-k`` (the first ``recovery_steps`` of each takeover are recovery) or
+    ``retreat`` (the leading rising steps are recovery); see :func:`vla_rl.intervention.labels.labels_from_flags`."""
+    recovery_steps: int = 5
+    """``first-k``: recovery steps at the start of each takeover."""
 
 
 SEED_BLOCK = 1_000_000

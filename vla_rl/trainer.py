@@ -283,7 +283,8 @@ class Trainer:
             return None
         if not cfg.data.path:
             raise ConfigError(f"algo.type={cfg.algo.type} trains on offline data: pass --data.path <LeRobotDataset folder>")
-        return load_chunks(cfg.data.path, policy_inputs(policy), policy.chunk_size, cfg.data.episodes)
+        return load_chunks(cfg.data.path, policy_inputs(policy), policy.chunk_size, cfg.data.episodes,
+                           cfg.data.intervention_split, cfg.data.recovery_steps)
 
     def _write_eval(self, res: EvalResult, tag: str) -> None:
         if not self.dist.is_main:

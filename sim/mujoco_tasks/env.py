@@ -8,7 +8,7 @@ Observations (no batch dim):
   closed), the seven arm joint angles (rad);
 - ``observation.env_state``: ``float32 [13]`` (privileged) = red, green, blue
   cube centres (3 x xyz), pad centre xyz, task index into
-  :data:`sim.mujoco_tasks.tasks.TASKS`.
+  :data:`sim.mujoco_tasks.tasks.ALL_TASKS`.
 
 Actions ``float32 [4]`` in ``[-1, 1]``: pinch-point displacement ``dx, dy, dz``
 (times ``max_step`` metres per step) and the gripper command (-1 open, +1
@@ -33,6 +33,7 @@ from sim.mujoco_tasks.tasks import (
     MULTI,
     MULTI_MAX_EPISODE_STEPS,
     REWARD_MODES,
+    ALL_TASKS,
     TASK_INDEX,
     TASKS,
     Task,
@@ -108,12 +109,12 @@ class TabletopEnv(SingleEnv):
             bad = [n for n in names if n not in TASK_INDEX]
             if bad:
                 raise EnvError(f"{cfg.env_id}: unknown multi_tasks {bad}; valid: {sorted(TASK_INDEX)}")
-            self._choices = [TASKS[TASK_INDEX[n]] for n in names]
+            self._choices = [ALL_TASKS[TASK_INDEX[n]] for n in names]
             default_steps = (
                 max(t.max_episode_steps for t in self._choices) if cfg.multi_tasks else MULTI_MAX_EPISODE_STEPS
             )
         elif cfg.task in TASK_INDEX:
-            self._choices = [TASKS[TASK_INDEX[cfg.task]]]
+            self._choices = [ALL_TASKS[TASK_INDEX[cfg.task]]]
             default_steps = self._choices[0].max_episode_steps
         else:
             raise EnvError(f"{cfg.env_id}: unknown task {cfg.task!r}; valid: {sorted(TASK_INDEX)} and {MULTI!r}")
