@@ -34,7 +34,7 @@ by the env is an error naming the term, the env id and the terms it has (:class:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -66,6 +66,8 @@ class StepInput:
             after its episode ended, :mod:`sim.chunk`).
         env_terms: the env's terms at this step, name -> ``float32 [B]`` (:func:`env_terms`).
         success, terminated, truncated: ``bool [B]`` the step's flags.
+        signals: the env's privileged signals at this step, name -> ``float32 [B]``
+            (:class:`sim.single.StepOut`; empty if the backend reports none). Constraint costs read them.
     """
 
     env_id: str
@@ -76,6 +78,7 @@ class StepInput:
     success: Tensor
     terminated: Tensor
     truncated: Tensor
+    signals: dict[str, Tensor] = field(default_factory=dict)
 
 
 class RewardTerm(Protocol):
