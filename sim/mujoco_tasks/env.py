@@ -26,6 +26,7 @@ signal                     meaning
 ``collision_force``        summed normal force of those contacts (N)
 ``table_force``            summed normal force of arm-table contacts (N)
 ``ee_x/y/z``               pinch point (m, world frame)
+``ee_step``                distance the pinch point moved during this step (m; path length)
 ``target_x/y/z``           centre of the cube the task moves (m)
 ``obstacle_count``         non-target cubes (2 for pick / push, 1 for stack)
 ``obstacle<k>_x/y/z``      their centres (m; 0 for k >= ``obstacle_count``)
@@ -79,7 +80,7 @@ HOME_JITTER = 0.02  # m, the arm starts within this box around HOME_POS
 MAX_OBSTACLES = 2  # non-target cubes reported in the signals
 SIGNALS: tuple[str, ...] = (
     "stage_progress", "stage_count", *(f"stage_{n}" for n in STAGE_NAMES), "collision", "collision_force",
-    "table_force", "ee_x", "ee_y", "ee_z", "target_x", "target_y", "target_z", "obstacle_count",
+    "table_force", "ee_x", "ee_y", "ee_z", "ee_step", "target_x", "target_y", "target_z", "obstacle_count",
     *(f"obstacle{k}_{a}" for k in range(MAX_OBSTACLES) for a in "xyz"), "joint_limit_margin", "grasped",
 )
 
@@ -184,6 +185,7 @@ class TabletopEnv(SingleEnv):
         self._state: TaskState | None = None
         self._table_geom = self.model.geom("table").id
         self._force = np.zeros(6)
+        self._prev_pinch = np.zeros(3)  # the pinch point before the last step (ee_step)
 
     # ------------------------------------------------------------------ episode
 
@@ -229,6 +231,7 @@ class TabletopEnv(SingleEnv):
         action = np.asarray(action, dtype=np.float64)
         if not np.all(np.isfinite(action)):
             raise EnvError(f"{self.cfg.env_id}: action contains NaN/inf at step {self._elapsed}: {action}")
+        self._prev_pinch = self._state.pinch.copy()
         self.controller.apply(self.data, self._state.pinch, action)
         mujoco.mj_step(self.model, self.data, self.n_substeps)
         mujoco.mj_forward(self.model, self.data)  # positions, contacts and camera poses of the new state
@@ -290,6 +293,7 @@ class TabletopEnv(SingleEnv):
         out.update({f"stage_{n}": float(flags.get(n, False)) for n in STAGE_NAMES})
         out.update(collision=float(collision), collision_force=collision_force, table_force=table_force)
         out.update(zip(("ee_x", "ee_y", "ee_z"), map(float, s.pinch)))
+        out["ee_step"] = float(np.linalg.norm(s.pinch - self._prev_pinch))
         out.update(zip(("target_x", "target_y", "target_z"), map(float, s.cubes[task.cube])))
         out["obstacle_count"] = float(len(obstacles))
         for k in range(MAX_OBSTACLES):
