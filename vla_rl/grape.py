@@ -79,6 +79,10 @@ class GrapeSettings:
     """Rollouts per initial state at most, when successes and failures have not both appeared (GRAPE: 11)."""
     pairs_per_state: int = 1
     """``m``: the top-m trajectories of a state are paired with its bottom-m."""
+    require_both_outcomes: bool = True
+    """Pair only states with successes and failures (GRAPE); false: also rank and pair states whose samples all
+    succeeded or all failed by score alone (costs then decide, e.g. efficiency among successes), and stop
+    sampling a state at ``min_samples``."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     """The trajectory score."""
 
@@ -203,7 +207,7 @@ def sample_trajectories(engine: RolloutEngine, seeds: list[int], settings: Grape
 def _done(trajs: list[Trajectory], settings: GrapeSettings) -> bool:
     n = len(trajs)
     both = len({t.success for t in trajs}) == 2
-    return n >= settings.max_samples or (n >= settings.min_samples and both)
+    return n >= settings.max_samples or (n >= settings.min_samples and (both or not settings.require_both_outcomes))
 
 
 def score_trajectory(traj: Trajectory, score: ScoreConfig) -> float:
@@ -242,7 +246,7 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
     trajs = sample_trajectories(engine, seeds, settings, costs, max_decisions, progress)
     for t in trajs:
         score_trajectory(t, settings.score)
-    pairs = select_pairs(trajs, settings.pairs_per_state)
+    pairs = select_pairs(trajs, settings.pairs_per_state, settings.require_both_outcomes)
     paired = {p.state for p in pairs}
     return RoundData(trajs, pairs, [s for s in range(len(seeds)) if s not in paired])
 

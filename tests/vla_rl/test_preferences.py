@@ -57,3 +57,10 @@ def test_pairs_table_round_trips(tmp_path):
     assert df.loc[0, "chosen_id"] == 0 and df.loc[0, "rejected_id"] == 1
     assert df.loc[0, "rejected_cost_collision"] == 2.0 and df.loc[0, "chosen_r_ext"] == 0.5
     assert len(pd.read_parquet(write_pairs_table(tmp_path / "none.parquet", [], ["collision"]))) == 0
+
+
+def test_single_outcome_states_pair_by_score_when_both_outcomes_are_not_required():
+    trajs = [_t(0, 1, 5.0, True), _t(1, 1, 5.5, True), _t(2, 1, 5.5, True)]
+    assert select_pairs(trajs, 1) == []
+    pairs = select_pairs(trajs, 1, require_both_outcomes=False)
+    assert [(p.chosen.id, p.rejected.id) for p in pairs] == [(1, 0)]

@@ -78,12 +78,13 @@ def trajectory_logp(policy: Policy, traj: Trajectory) -> Tensor:
     return logp.reshape(logp.shape[0], -1).sum()
 
 
-def select_pairs(trajs: Sequence[Trajectory], m: int) -> list[PreferencePair]:
+def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: bool = True) -> list[PreferencePair]:
     """Pair the top-``m`` with the bottom-``m`` trajectories of each initial state by ``score``.
 
     Per state, trajectories are ranked by score (ties by id); pair ``i`` is (rank ``i`` from the top, rank
     ``i`` from the bottom) for ``i < min(m, n // 2)``, kept only when the chosen one scores strictly higher.
-    A state whose trajectories all succeed or all fail gives no pair (GRAPE needs both).
+    A state whose trajectories all succeed or all fail gives no pair (GRAPE needs both) unless
+    ``require_both_outcomes`` is false.
 
     Raises:
         ValueError: if ``m < 1``.
@@ -96,7 +97,7 @@ def select_pairs(trajs: Sequence[Trajectory], m: int) -> list[PreferencePair]:
     pairs = []
     for state in sorted(by_state):
         group = by_state[state]
-        if len({t.success for t in group}) < 2:
+        if require_both_outcomes and len({t.success for t in group}) < 2:
             continue
         ranked = sorted(group, key=lambda t: (-t.score, t.id))
         for i in range(min(m, len(ranked) // 2)):
@@ -135,9 +136,3 @@ def write_pairs_table(path: str | Path, pairs: Sequence[PreferencePair], cost_na
     os.replace(tmp, path)
     fsync_dir(path.parent)
     return path
-
-
-def stack_obs(rows: Sequence[dict[str, Any]], key_task: str) -> dict[str, Any]:
-    """Stack per-decision observation rows (each ``[1, ...]`` tensors and a one-string ``task`` list)."""
-    return {k: ([r[k][0] for r in rows] if k == key_task else torch.cat([r[k] for r in rows]))
-            for k in rows[0]}
