@@ -32,10 +32,6 @@ from vla_rl.evaluation import wilson_interval
 from vla_rl.rollout import Rollout, RolloutEngine
 
 
-def _default_costs() -> dict[str, float]:
-    return {"collision": 0.01, "path_length": 0.01, "episode_steps": 0.01, "keypoint_obstacle": 0.01}
-
-
 @dataclass
 class ScoreConfig:
     """How trajectories are scored: ``R = lam_self * log R_self + lam_ext * R_ext + lam_success * success``."""
@@ -46,9 +42,11 @@ class ScoreConfig:
     """Weight of ``R_ext``, the constraint reward in (0, 1] (GRAPE: 1)."""
     lam_success: float = 5.0
     """Weight of task success (GRAPE: 5)."""
-    costs: dict[str, float] = field(default_factory=_default_costs)
-    """Cost term -> ``beta_j`` in ``R_ext`` (GRAPE: 0.01 each). Terms: ``collision``, ``table_force``,
-    ``path_length``, ``episode_steps``, ``joint_limit``, ``action_jerk``, ``keypoint_obstacle`` (rewards/costs.py)."""
+    costs: dict[str, float] = field(default_factory=dict)
+    """Cost term -> ``beta_j`` in ``R_ext`` (GRAPE: 0.01 each; the presets ``configs/align_*.yaml`` set them).
+    Terms: ``collision``, ``table_force``, ``path_length``, ``episode_steps``, ``joint_limit``, ``action_jerk``,
+    ``keypoint_obstacle`` (rewards/costs.py). A command-line value is merged into the preset's, so
+    ``--grape.score.costs '{collision: 2.0}'`` changes one weight; a weight of 0 turns a cost off."""
     thresholds: dict[str, float] = field(default_factory=dict)
     """Cost term -> ``tau_j``, the cost allowed per stage before it counts; missing terms: 0."""
     stagewise: bool = True
@@ -59,6 +57,9 @@ class ScoreConfig:
 
     def __post_init__(self) -> None:
         check_costs(list(self.costs))
+        bad = [k for k, v in self.costs.items() if not math.isfinite(v) or v < 0]
+        if bad:
+            raise ValueError(f"score.costs: weights must be finite and >= 0, got {({k: self.costs[k] for k in bad})}")
         unknown = [k for k in self.thresholds if k not in self.costs]
         if unknown:
             raise ValueError(f"score.thresholds: {unknown} are not among score.costs ({', '.join(self.costs)})")
@@ -67,6 +68,10 @@ class ScoreConfig:
         for name in ("lam_self", "lam_ext", "lam_success"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"score.{name} must be finite, got {getattr(self, name)}")
+
+    def active(self) -> dict[str, float]:
+        """The costs with a nonzero weight: the ones scored (and that the env must report)."""
+        return {k: float(v) for k, v in self.costs.items() if v != 0}
 
 
 @dataclass
@@ -123,7 +128,7 @@ def check_scoring(env: VecEnv, score: ScoreConfig, seed: int) -> list[str]:
     """
     signals = probe_signals(env, seed)
     have = available_costs(env, signals)
-    missing = [c for c in score.costs if c not in have]
+    missing = [c for c in score.active() if c not in have]
     if missing:
         raise ValueError(f"score.costs: {env.spec.env_id} does not report the signals of {missing}; its costs: "
                          f"{', '.join(have) or '(none)'} (docs/sim.md lists each backend's signals)")
@@ -215,7 +220,7 @@ def score_trajectory(traj: Trajectory, score: ScoreConfig) -> float:
     floor = math.log(score.min_prob)
     log_r_self = float(traj.logp.double().clamp(floor, 0.0).sum())
     penalty = 0.0
-    for name, beta in score.costs.items():
+    for name, beta in score.active().items():
         tau = score.thresholds.get(name, 0.0)
         penalty += sum(beta * max(0.0, c - tau) for c in traj.stage_costs[name])
     r_ext = math.exp(-penalty)
@@ -240,7 +245,7 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
     ``costs``: the cost terms the engine's reward config computes (default: the scoring costs);
     ``max_decisions``: decisions per episode at most (0: enough for the env's episode length).
     """
-    costs = list(settings.score.costs) if costs is None else costs
+    costs = list(settings.score.active()) if costs is None else costs
     if not max_decisions:
         max_decisions = -(-engine.env.spec.max_episode_steps // engine.exec_steps) + 1
     trajs = sample_trajectories(engine, seeds, settings, costs, max_decisions, progress)
