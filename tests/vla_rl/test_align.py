@@ -110,3 +110,44 @@ def test_stage_wise_scoring_on_a_task_without_stages_names_the_task():
             check_scoring(env, ScoreConfig(costs={"episode_steps": 0.1}), 0)
         with pytest.raises(ValueError, match=r"toy/counter does not report the signals of \['collision'\]"):
             check_scoring(env, ScoreConfig(costs={"collision": 0.1}, stagewise=False), 0)
+
+
+def _backend_toy(tmp_path: Path, name: str, *args: str) -> dict:
+    """One toy round whose two trajectories of one state are paired by score (no success needed)."""
+    base = ["--smoke", "true", "--env.num_envs", "2", "--rounds", "1", "--states_per_round", "1",
+            "--grape.min_samples", "2", "--grape.max_samples", "2", "--grape.require_both_outcomes", "false",
+            "--eval_episodes", "2", "--run_dir", str(tmp_path / name), "--logging.wandb", "false",
+            "--logging.tensorboard", "false"]
+    summary = run(["align", *base, *args])
+    row = summary["per_round"][1]
+    assert row["trajectories"] == 2 and row["pairs"] == 1 and row["update"]["pairs"] == 1.0
+    assert (tmp_path / name / "rounds" / "round_000" / "pairs.parquet").exists()
+    return summary
+
+
+@pytest.mark.slow
+def test_align_toy_run_on_maniskill_pickcube(tmp_path: Path):
+    pytest.importorskip("mani_skill")
+    s = _backend_toy(tmp_path, "maniskill", "--env.id", "maniskill/PickCube-v1", "--env.obs_mode", "state",
+                     "--env.max_episode_steps", "10", "--env.num_workers", "0", "--save_dataset", "false",
+                     "--grape.score.stagewise", "false",  # ManiSkill's tasks report no stage predicates (docs/sim.md)
+                     "--grape.score.costs", "{episode_steps: 0.01, joint_limit: 0.01, action_jerk: 0.001}")
+    assert set(s["after"]["costs"]) == {"episode_steps", "joint_limit", "action_jerk"}
+
+
+@pytest.mark.slow
+def test_align_toy_run_on_libero_with_tiny_pi0(tmp_path: Path):
+    pytest.importorskip("libero")
+    pytest.importorskip("lerobot.policies.pi0")
+    _backend_toy(tmp_path, "libero", "--policy.type", "pi0", "--env.id", "libero/libero_object/0",
+                 "--env.max_episode_steps", "8", "--grape.score.stagewise", "false",
+                 "--grape.score.costs", "{episode_steps: 0.01, action_jerk: 0.001}")
+    from sim.dataset import load_dataset
+
+    assert load_dataset(tmp_path / "libero" / "rounds" / "round_000" / "trajectories").meta.total_episodes == 2
+
+
+@pytest.mark.slow
+def test_align_toy_run_with_the_autoregressive_policy(tmp_path: Path):
+    _backend_toy(tmp_path, "ar", "--preset", "align_task", "--policy.type", "openvla-style", "--env.image_size", "32",
+                 "--env.max_episode_steps", "8", "--save_dataset", "false")

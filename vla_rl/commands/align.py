@@ -96,7 +96,8 @@ class AlignConfig:
     """Seed of everything; round ``k`` samples initial states ``seed * 1e6 + k * 1000 + i``, evaluation uses
     ``1e9 + seed * 1e6 + i``."""
     smoke: bool = False
-    """Build a fresh policy as its tiny smoke variant (tests; hub checkpoints are not downloaded)."""
+    """A CPU smoke run: a fresh policy is its tiny variant (hub checkpoints are not downloaded) and the sizes
+    shrink to at most 4 envs, 2 states per round, 2-3 samples per state and 4 evaluation episodes."""
     name: str = ""
     """Run name; empty = ``align-<objective>-<env>-s<seed>``."""
     run_dir: str = ""
@@ -114,6 +115,16 @@ class AlignConfig:
             raise ValueError(f"tpo.type must be 'tpo' (vla-rl align trains TPO), got {self.tpo.type!r}")
         if self.round_eval_episodes < 0:
             raise ValueError(f"round_eval_episodes must be >= 0, got {self.round_eval_episodes}")
+
+
+def _smoke(cfg: AlignConfig) -> AlignConfig:
+    """``cfg`` shrunk for ``--smoke true`` (see the field's doc)."""
+    grape = dataclasses.replace(cfg.grape, min_samples=min(cfg.grape.min_samples, 2),
+                                max_samples=min(cfg.grape.max_samples, 3))
+    return dataclasses.replace(
+        cfg, env=dataclasses.replace(cfg.env, num_envs=min(cfg.env.num_envs, 4)), grape=grape,
+        states_per_round=min(cfg.states_per_round, 2), eval_episodes=min(cfg.eval_episodes, 4),
+        round_eval_episodes=min(cfg.round_eval_episodes, 4))
 
 
 def _round_seeds(cfg: AlignConfig, k: int) -> list[int]:
@@ -158,6 +169,8 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
     resume_from = ckpt.resume_checkpoint(run.ckpt_dir) if cfg.resume else None
     if not cfg.resume and run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"{run_dir} already holds a run; pass --resume true or another --name/--run_dir")
+    if cfg.smoke:
+        cfg = _smoke(cfg)
     if cfg.env.wrist_camera and not cfg.env.has_optional_wrist_camera():
         print(f"note: {cfg.env.id} has no optional wrist camera; using its default cameras")
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, wrist_camera=False))
