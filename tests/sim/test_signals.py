@@ -26,39 +26,37 @@ def _actions(n: int = 4) -> torch.Tensor:
 
 def test_step_signals_agree_between_serial_and_process_and_leave_rewards_alone():
     out = {}
-    for kind in ("serial", "process"):
-        for signals in (True, False):
-            with _make(kind, signals=signals) as env:
-                env.reset(seed=3)
-                rows = [env.step(_actions() * (k + 1)) for k in range(4)]
-                assert bool(env.step_chunk(torch.zeros(4, 2, 1)).signals) == signals
-            out[kind, signals] = rows
+    for kind, signals in (("serial", True), ("process", True), ("serial", False)):
+        with _make(kind, signals=signals) as env:
+            env.reset(seed=3)
+            rows = [env.step(_actions() * (k + 1)) for k in range(4)]
+            assert bool(env.step_chunk(torch.zeros(4, 2, 1)).signals) == signals
+        out[kind, signals] = rows
     for (_, _, _, _, info_s), (_, _, _, _, info_p) in zip(out["serial", True], out["process", True]):
         assert list(info_s["signals"]) == list(info_p["signals"]) == ["pos", "t"]
         for k in ("pos", "t"):
             assert torch.equal(info_s["signals"][k], info_p["signals"][k])
     # the step counter restarts after an env's episode ended (auto-reset after 3 steps or a success)
     assert out["serial", True][0][4]["signals"]["t"].tolist() == [1.0] * 4
-    for kind in ("serial", "process"):
-        for with_sig, without in zip(out[kind, True], out[kind, False]):
-            assert "signals" not in without[4]
-            assert torch.equal(with_sig[1], without[1])  # rewards untouched, bit for bit
-            assert torch.equal(with_sig[4]["reward_terms"]["success"], without[4]["reward_terms"]["success"])
+    for with_sig, without in zip(out["process", True], out["serial", False]):
+        assert "signals" not in without[4]
+        assert torch.equal(with_sig[1], without[1])  # rewards untouched, bit for bit
+        assert torch.equal(with_sig[4]["reward_terms"]["success"], without[4]["reward_terms"]["success"])
 
 
-@pytest.mark.parametrize("kind", ["serial", "process"])
-def test_chunk_signals_match_the_step_by_step_default(kind):
+def test_chunk_signals_agree_between_executors_and_the_step_by_step_default():
     chunk = torch.stack([_actions() * (h + 1) for h in range(5)], dim=1)  # [4, 5, 1]: episodes end inside
-    with _make(kind) as fast, _make(kind) as slow:
-        fast.reset(seed=1)
-        slow.reset(seed=1)
-        a = fast.step_chunk(chunk)
-        b = VecEnv.step_chunk(slow, chunk)  # the default: step() H times, holding ended envs still
-    assert set(a.signals) == set(b.signals) == {"pos", "t"}
-    for k in a.signals:
-        assert a.signals[k].shape == (5, 4)
-        assert torch.equal(a.signals[k], b.signals[k]), k
-    assert torch.equal(a.reward, b.reward)
+    with _make("serial") as serial, _make("serial") as default, _make("process") as process:
+        for env in (serial, default, process):
+            env.reset(seed=1)
+        got = [serial.step_chunk(chunk), VecEnv.step_chunk(default, chunk), process.step_chunk(chunk)]
+    a = got[0]
+    assert set(a.signals) == {"pos", "t"} and a.signals["t"].shape == (5, 4)
+    for b in got[1:]:
+        assert a.signals.keys() == b.signals.keys()
+        for k in a.signals:
+            assert torch.equal(a.signals[k], b.signals[k]), k
+        assert torch.equal(a.reward, b.reward)
     assert (a.terminated | a.truncated).any()  # the chunk did cross episode ends
 
 
