@@ -44,12 +44,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "grape.json"
 PPO_STEPS_PER_ITER = 32 * 6 * 4  # the quickstart's PPO: 32 envs x 6 decisions x 4-step chunks
 
 
-def _run(cmd: list[str]) -> float:
+def _run(cmd: list[str], check: bool = True) -> float:
     print("$", " ".join(cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env)
-    if proc.returncode != 0:
+    if check and proc.returncode != 0:
         raise RuntimeError(f"exit code {proc.returncode}: {' '.join(cmd)}")
     return time.perf_counter() - t
 
@@ -62,11 +62,15 @@ def pretrain(seed: int, base: Path, extra: list[str]) -> tuple[Path, float]:
     """The quickstart's pre-trained policy for ``seed`` (no RL); returns its folder and the wall seconds."""
     run_dir = base / "pretrain"
     wall = 0.0
-    if not (run_dir / "sft_policy" / "config.json").exists():
+    policy = run_dir / "sft_policy"
+    if not (policy / "config.json").exists():
+        # the quickstart's report step needs an RL evaluation, which 0 iterations do not make: only the policy counts
         wall = _run(_cli("quickstart", "--seed", str(seed), "--iterations", "0", "--eval_episodes", "1",
                          "--run_dir", str(run_dir), "--demo_cache", str(base / "demos"), "--logging.wandb", "false",
-                         *(["--resume", "true"] if run_dir.exists() else []), *extra))
-    return run_dir / "sft_policy", wall
+                         *(["--resume", "true"] if run_dir.exists() else []), *extra), check=False)
+        if not (policy / "config.json").exists():
+            raise RuntimeError(f"the quickstart wrote no pre-trained policy at {policy}")
+    return policy, wall
 
 
 def align(seed: int, objective: str, policy: Path, base: Path, episodes: int, extra: list[str]) -> dict[str, Any]:
@@ -166,9 +170,16 @@ def main() -> None:
         for objective in args.objectives:
             rows.append(row(seed, objective, align(seed, objective, policy, base, args.episodes, extra)))
             print(json.dumps(rows[-1], default=str), flush=True)
+            publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)  # what is done so far survives a kill
         task = next((r for r in rows if r["seed"] == seed and r["objective"] == "task"), None)
         if args.ppo and task is not None:
             ppo_rows[seed] = ppo(seed, policy.parent, base, task["env_steps"], args.episodes, pre_extra)
+            publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)
+
+
+def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]],
+            pre_walls: dict[int, float], extra: list[str], pre_extra: list[str]) -> None:
+    """Write ``grape.json`` and (with ``--write``) the markdown section from the runs finished so far."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     conditions = (f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch {torch.__version__}, "
                   f"no GPU, OMP_NUM_THREADS=1, load average {load:.1f} at the end")

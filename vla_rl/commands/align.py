@@ -148,9 +148,13 @@ class _Run:
         """Deterministic episodes on held-out seeds, on their own RNG stream (the same noise for every policy)."""
         seeds = _eval_seeds(self.cfg, episodes)
         max_dec = -(-engine.env.spec.max_episode_steps // engine.exec_steps) + 1
-        with torch.random.fork_rng():
+        b = engine.env.num_envs
+        trajs = []
+        with torch.random.fork_rng(), tqdm(total=episodes, desc="eval", unit="ep", leave=False) as bar:
             torch.manual_seed(seeds[0])
-            trajs = run_episodes(engine, seeds, ActMode.EVAL, costs, False, max_dec)
+            for i in range(0, episodes, b):  # a batch of envs at a time, for the progress bar
+                trajs += run_episodes(engine, seeds[i : i + b], ActMode.EVAL, costs, False, max_dec, first_id=i)
+                bar.update(len(seeds[i : i + b]))
         engine.policy.reset()
         return summarize(trajs, costs)
 
@@ -208,7 +212,7 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
         videos: dict[str, str] = {}
         try:
             if not rows:
-                print(f"evaluating the starting policy on {cfg.eval_episodes} held-out episodes")
+                print(f"evaluating the starting policy on {cfg.eval_episodes} held-out episodes", flush=True)
                 before = run.evaluate(eval_engine, cfg.eval_episodes, costs)
                 rows.append({"round": 0, "eval": before})
                 logger.log(0, _scalars(before))
