@@ -167,17 +167,18 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
         ConfigError: for a cost the env cannot report, or stage-wise scoring on a task without stages.
     """
     t_start = time.perf_counter()
+    if cfg.smoke:
+        cfg = _smoke(cfg)
     name = cfg.name or f"align-{cfg.objective}-{cfg.env.id.replace('/', '-')}-s{cfg.seed}"
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / name
     run = _Run(cfg, run_dir)
     resume_from = ckpt.resume_checkpoint(run.ckpt_dir) if cfg.resume else None
     if not cfg.resume and run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"{run_dir} already holds a run; pass --resume true or another --name/--run_dir")
-    if cfg.smoke:
-        cfg = _smoke(cfg)
     if cfg.env.wrist_camera and not cfg.env.has_optional_wrist_camera():
         print(f"note: {cfg.env.id} has no optional wrist camera; using its default cameras")
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, wrist_camera=False))
+        run.cfg = cfg
     env_cfg = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path) \
         if cfg.policy.path else cfg.env
     seed_everything(cfg.seed)
