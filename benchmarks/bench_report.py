@@ -21,3 +21,11 @@ def write_section(path: Path, title: str, body: str) -> None:
         out = lines[:start] + new + lines[end:]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out).rstrip("\n") + "\n")
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(own arguments, arguments after --)``: what a benchmark parses and what it passes to the command it runs."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]

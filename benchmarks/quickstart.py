@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_report import write_section  # noqa: E402
+from bench_report import split_passthrough, write_section  # noqa: E402
 
 SECTION = "## Quickstart"
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,11 +93,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    argv, extra = split_passthrough(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--runs", type=Path, default=None, help="parent folder of the run folders (default: new)")

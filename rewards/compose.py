@@ -113,6 +113,7 @@ class RewardFunction:
                     env_id=self.env_id, step=h, obs=obs, action=executed[:, h],
                     env_terms={k: v[h] for k, v in values.items()}, success=steps.success[h].cpu(),
                     terminated=steps.terminated[h].cpu(), truncated=steps.truncated[h].cpu(),
+                    signals={k: v[h].float().cpu() for k, v in steps.signals.items()}, executed=executed,
                 )
                 per_step.append(term(step).float().cpu().reshape(-1))
             values[name] = torch.stack(per_step)

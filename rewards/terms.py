@@ -28,13 +28,15 @@ none beyond ``env`` and ``success``.
 Computed terms (:data:`REWARDS`) are functions of the step (:class:`StepInput`: the decision
 observation, the executed action, the env's terms and flags); learned reward models and constraint
 costs plug in the same way. Registered here: ``env`` and ``success`` (read from the env) and
-``action_magnitude`` (an example of a computed term). A name that is neither registered nor reported
+``action_magnitude`` (an example of a computed term); the constraint costs of :mod:`rewards.costs`
+(collision, table force, path length, steps, joint limits, jerk, keypoint clearance) read the env's
+privileged signals (``StepInput.signals``). A name that is neither registered nor reported
 by the env is an error naming the term, the env id and the terms it has (:class:`RewardTermError`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -66,6 +68,10 @@ class StepInput:
             after its episode ended, :mod:`sim.chunk`).
         env_terms: the env's terms at this step, name -> ``float32 [B]`` (:func:`env_terms`).
         success, terminated, truncated: ``bool [B]`` the step's flags.
+        signals: the env's privileged signals at this step, name -> ``float32 [B]``
+            (:class:`sim.single.StepOut`; empty if the backend reports none). Constraint costs read them.
+        executed: ``float32 [B, H, A]`` every action executed in this step's chunk (zeros on held
+            steps), for terms over several steps (action jerk); None where the caller has no chunk.
     """
 
     env_id: str
@@ -76,6 +82,8 @@ class StepInput:
     success: Tensor
     terminated: Tensor
     truncated: Tensor
+    signals: dict[str, Tensor] = field(default_factory=dict)
+    executed: Tensor | None = None
 
 
 class RewardTerm(Protocol):

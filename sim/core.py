@@ -13,7 +13,9 @@ truncated [B] bool, info)`` with ``info["success"] [B] bool`` and, for envs
 whose episode ended on this step (``terminated | truncated``),
 ``info["final_obs"]`` (a full batch dict whose rows for ended envs hold the
 last observation of the old episode) and ``info["episode"]`` (return, length,
-success per env, valid where ended). Envs auto-reset: the returned obs of an
+success per env, valid where ended). Backends that measure privileged per-step scalars put them in
+``info["signals"]`` (name -> ``float32 [B]``, see :class:`sim.single.StepOut`); like
+``info["reward_terms"]`` they never reach the policy. Envs auto-reset: the returned obs of an
 ended env is the first observation of its next episode.
 
 ``step_chunk(actions [B, H, A]) -> ChunkSteps`` executes a whole action chunk
@@ -111,6 +113,8 @@ class ChunkSteps:
         obs: rows ``[n, ...]`` of the observation after the chunk, with the current instructions.
         step_obs: with ``step_chunk(..., record_obs=True)``, the ``H`` observations after each step (an
             env that ended shows its next episode's first observation, then holds still); else None.
+        signals: named ``[H, n]`` privileged per-step signals (:class:`sim.single.StepOut`; empty if the
+            env reports none).
     """
 
     env_ids: list[int]
@@ -124,6 +128,7 @@ class ChunkSteps:
     final_obs: Obs
     obs: Obs
     step_obs: list[Obs] | None = None
+    signals: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class VecEnv(abc.ABC):
@@ -176,6 +181,7 @@ class VecEnv(abc.ABC):
         term, trunc, success = (torch.zeros(shape, dtype=torch.bool) for _ in range(3))
         length = torch.zeros(shape, dtype=torch.long)
         terms: dict[str, torch.Tensor] = {}
+        signals: dict[str, torch.Tensor] = {}
         hold = ChunkHold(n, self.still_actions)
         final: Obs | None = None
         obs: Obs = {}
@@ -187,6 +193,8 @@ class VecEnv(abc.ABC):
             success[h] = info["success"]
             for name, value in info.get("reward_terms", {}).items():
                 terms.setdefault(name, torch.zeros(shape))[h] = value
+            for name, value in info.get("signals", {}).items():
+                signals.setdefault(name, torch.zeros(shape))[h] = value
             done = term[h] | trunc[h]
             if done.any():
                 ret[h], length[h] = info["episode"]["return"], info["episode"]["length"]
@@ -203,7 +211,7 @@ class VecEnv(abc.ABC):
         return ChunkSteps(
             env_ids=list(range(n)), reward=reward, terminated=term, truncated=trunc, success=success,
             reward_terms=terms, episode_return=ret, episode_length=length, final_obs=final, obs=obs,
-            step_obs=step_obs,
+            step_obs=step_obs, signals=signals,
         )
 
     def still_actions(self) -> np.ndarray:

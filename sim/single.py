@@ -18,7 +18,15 @@ import numpy as np
 
 @dataclass
 class StepOut:
-    """One env step. ``obs`` maps observation keys (no ``task``) to numpy arrays without batch dim."""
+    """One env step. ``obs`` maps observation keys (no ``task``) to numpy arrays without batch dim.
+
+    ``reward_terms`` are the backend's breakdown of ``reward`` (they sum to it where present).
+    ``signals`` are privileged scalars the backend measures at this step (stage progress and flags,
+    contacts with non-target objects, contact force with the table, end-effector position, joint-limit
+    proximity...; names per backend in docs/sim.md). They travel to the rollout engine and the reward
+    terms (constraint costs read them) exactly like ``reward_terms``, but are never part of the
+    observation, so no policy sees them; they never change the reward.
+    """
 
     obs: dict[str, np.ndarray]
     reward: float
@@ -26,6 +34,7 @@ class StepOut:
     truncated: bool
     success: bool
     reward_terms: dict[str, float] | None = None
+    signals: dict[str, float] | None = None
 
 
 class SingleEnv(abc.ABC):

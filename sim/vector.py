@@ -6,7 +6,7 @@ Two drivers share one bookkeeping base:
 - :class:`sim.vector_process.ProcessVecEnv` spreads envs over worker processes started with the
   ``forkserver`` (or ``spawn``) context, so simulators and renderers are
   always created inside a fresh worker, never before a fork. Observations,
-  actions and per-step scalars (reward, flags, named reward terms) travel
+  actions and per-step scalars (reward, flags, named reward terms, privileged signals) travel
   through shared memory; per step each pipe carries one byte each way (per
   action chunk five bytes out, one back), plus the new instructions of envs
   that reset (pickled) when some did.
@@ -65,6 +65,7 @@ class _Bookkeeping(VecEnv):
         trunc: np.ndarray,
         success: np.ndarray,
         terms: dict[str, np.ndarray] | None,
+        signals: dict[str, np.ndarray] | None,
         obs: Obs,
         obs_bufs: dict[str, np.ndarray],
         final_bufs: dict[str, np.ndarray],
@@ -72,8 +73,8 @@ class _Bookkeeping(VecEnv):
     ) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Episode statistics and ``info`` of one batch step.
 
-        ``reward`` (float32), ``term``, ``trunc``, ``success`` (bool) and the ``terms`` arrays (float32
-        ``[B]``) are fresh arrays owned by the returned tensors; ``obs`` is the returned batch, whose
+        ``reward`` (float32), ``term``, ``trunc``, ``success`` (bool) and the ``terms`` / ``signals`` arrays
+        (float32 ``[B]``) are fresh arrays owned by the returned tensors; ``obs`` is the returned batch, whose
         numpy rows are ``obs_bufs``; ``final_bufs`` rows hold the final observation of envs that ended
         and ``final_instructions`` the instructions before the step (None when nothing ended).
         """
@@ -83,6 +84,8 @@ class _Bookkeeping(VecEnv):
         info: dict[str, Any] = {"success": torch.from_numpy(success)}
         if terms is not None:
             info["reward_terms"] = {k: torch.from_numpy(v) for k, v in terms.items()}
+        if signals is not None:
+            info["signals"] = {k: torch.from_numpy(v) for k, v in signals.items()}
         if done.any():
             final = {k: torch.from_numpy(np.where(_rows(done, v), final_bufs[k], v)) for k, v in obs_bufs.items()}
             final[TASK] = list(final_instructions if final_instructions is not None else self._instructions)
@@ -127,14 +130,15 @@ class _Bookkeeping(VecEnv):
         reward64: np.ndarray,
         flags: np.ndarray,
         terms: dict[str, np.ndarray],
+        signals: dict[str, np.ndarray],
         texts: dict[tuple[int, int], str],
         obs_bufs: dict[str, np.ndarray],
         final_bufs: dict[str, np.ndarray],
     ) -> ChunkSteps:
         """Episode statistics and instructions of one chunk on the contiguous envs ``ids``.
 
-        ``reward64 [H, n]``, ``flags [3, H, n]`` (terminated, truncated, success) and ``terms`` (name ->
-        ``[H, n]``) are the chunk's per-step results, ``texts[h, k]`` the instruction env ``ids[k]`` drew
+        ``reward64 [H, n]``, ``flags [3, H, n]`` (terminated, truncated, success) and ``terms`` / ``signals`` (name
+        -> ``[H, n]``) are the chunk's per-step results, ``texts[h, k]`` the instruction env ``ids[k]`` drew
         when it reset after step ``h``; rows ``ids`` of ``obs_bufs`` / ``final_bufs`` hold the
         observation after the chunk and the final observations.
         """
@@ -171,6 +175,7 @@ class _Bookkeeping(VecEnv):
             terminated=torch.from_numpy(term), truncated=torch.from_numpy(trunc), success=torch.from_numpy(success),
             reward_terms={k: torch.from_numpy(v) for k, v in terms.items()},
             episode_return=torch.from_numpy(ret), episode_length=torch.from_numpy(length), final_obs=final, obs=obs,
+            signals={k: torch.from_numpy(v) for k, v in signals.items()},
         )
 
 
@@ -235,13 +240,8 @@ class SerialVecEnv(_Bookkeeping):
                 _write(new, i, obs)
             outs.append(out)
         self._obs = new
-        names = outs[0].reward_terms if outs else None
-        terms = None
-        if names is not None:
-            table = np.array([[o.reward_terms[k] for o in outs] for k in names], dtype=np.float32).reshape(-1, n)
-            terms = dict(zip(names, table))
-        return self._finish_step(reward, term, trunc, success, terms, self._share(new), new, self._final,
-                                 final_instructions)
+        return self._finish_step(reward, term, trunc, success, _named(outs, "reward_terms"), _named(outs, "signals"),
+                                 self._share(new), new, self._final, final_instructions)
 
     def step_chunk(self, actions: torch.Tensor, record_obs: bool = False) -> ChunkSteps:
         """Run ``actions [B, H, A]`` with :func:`run_chunk` (see :meth:`VecEnv.step_chunk`).
@@ -252,8 +252,8 @@ class SerialVecEnv(_Bookkeeping):
             return super().step_chunk(actions, record_obs=True)
         acts = self._check_chunk(actions).numpy()
         self._obs = {k: v.copy() for k, v in self._obs.items()}  # returned batches share the old arrays
-        reward, flags, terms, texts = run_chunk(self._envs, acts, self._obs, self._final, 0)
-        steps = self._chunk_steps(list(range(self.num_envs)), reward, flags, terms,
+        reward, flags, terms, signals, texts = run_chunk(self._envs, acts, self._obs, self._final, 0)
+        steps = self._chunk_steps(list(range(self.num_envs)), reward, flags, terms, signals,
                                   {(h, j): t for h, j, t in texts}, self._obs, self._final)
         self._last_obs = self._share(self._obs)
         return steps
@@ -277,6 +277,16 @@ class SerialVecEnv(_Bookkeeping):
             e.close()
 
 
+def _named(outs: list[Any], attr: str) -> dict[str, np.ndarray] | None:
+    """The envs' named scalars ``attr`` (``reward_terms`` or ``signals``) as name -> ``float32 [B]`` (the
+    first env's names), or None if the first env reports none."""
+    names = getattr(outs[0], attr) if outs else None
+    if names is None:
+        return None
+    table = np.array([[getattr(o, attr)[k] for o in outs] for k in names], dtype=np.float32).reshape(-1, len(outs))
+    return dict(zip(names, table))
+
+
 def _write(bufs: dict[str, np.ndarray], row: int, obs: dict[str, np.ndarray]) -> None:
     for k, buf in bufs.items():
         buf[row] = obs[k]
@@ -285,7 +295,7 @@ def _write(bufs: dict[str, np.ndarray], row: int, obs: dict[str, np.ndarray]) ->
 def run_chunk(
     envs: Sequence[SingleEnv], actions: np.ndarray, obs_bufs: dict[str, np.ndarray],
     final_bufs: dict[str, np.ndarray], offset: int,
-) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], list[tuple[int, int, str]]]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], list[tuple[int, int, str]]]:
     """Execute ``actions [n, H, A]`` on ``envs`` (rows ``offset...`` of the buffers); see :class:`ChunkSteps`.
 
     Steps before the last are :meth:`SingleEnv.step_unrendered`. An env whose episode ends is
@@ -294,12 +304,14 @@ def run_chunk(
 
     Returns:
         ``(reward float64 [H, n], flags bool [3, H, n] = terminated, truncated, success,
-        reward terms name -> float32 [H, n], [(h, j, instruction) of every reset])``.
+        reward terms name -> float32 [H, n], signals name -> float32 [H, n], [(h, j, instruction) of every
+        reset])``.
     """
     n, horizon = actions.shape[:2]
     reward = np.zeros((horizon, n), np.float64)
     flags = np.zeros((3, horizon, n), bool)
     terms: dict[str, np.ndarray] = {}
+    signals: dict[str, np.ndarray] = {}
     texts: list[tuple[int, int, str]] = []
     hold = ChunkHold(n)
     for h in range(horizon):
@@ -309,10 +321,11 @@ def run_chunk(
             out = env.step(step_actions[j]) if last else env.step_unrendered(step_actions[j])
             reward[h, j] = out.reward
             flags[:, h, j] = out.terminated, out.truncated, out.success
-            for name, value in (out.reward_terms or {}).items():
-                if name not in terms:
-                    terms[name] = np.zeros((horizon, n), np.float32)
-                terms[name][h, j] = value
+            for table, named in ((terms, out.reward_terms), (signals, out.signals)):
+                for name, value in (named or {}).items():
+                    if name not in table:
+                        table[name] = np.zeros((horizon, n), np.float32)
+                    table[name][h, j] = value
             obs = out.obs
             if out.terminated or out.truncated:
                 if not hold.ended[j]:
@@ -322,4 +335,4 @@ def run_chunk(
             if last:
                 _write(obs_bufs, offset + j, obs)
         hold.end(flags[0, h] | flags[1, h])
-    return reward, flags, terms, texts
+    return reward, flags, terms, signals, texts

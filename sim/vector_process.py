@@ -6,7 +6,9 @@ byte per step each way. Whole action chunks can run asynchronously on a group
 of workers (:meth:`ProcessVecEnv.chunk_async` / :meth:`ProcessVecEnv.chunk_wait`);
 a chunk's actions and per-step results travel through per-worker shared chunk
 buffers, so a chunk costs a five-byte message and a one-byte reply (pickled
-news only when an env reset or reported new reward-term names).
+news only when an env reset or reported new reward-term or signal names). Named reward terms and
+privileged signals (:class:`sim.single.StepOut`) are two *channels* of named float32 scalars with the
+same transport: each name owns a slot (a row) of that channel's shared buffer.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from sim.core import ChunkSteps, EnvError, EnvSpec, Obs, normalize_env_ids, seed
 from sim.single import SingleEnv
 from sim.vector import EnvFactory, _Bookkeeping, _write, run_chunk
 
-MAX_REWARD_TERMS = 32  # named reward terms per env that fit the shared step buffers
+MAX_REWARD_TERMS = 32  # named reward terms (and, separately, signals) per env that fit the shared step buffers
+CHANNELS = ("terms", "signals")  # named scalar channels: StepOut.reward_terms, StepOut.signals
 _STEP = b"s"  # parent -> worker: step with the actions in the shared action buffer
 _CHUNK = b"c"  # parent -> worker, + horizon (4 bytes): run the chunk in the worker's shared chunk buffers
 _DONE = b"k"  # worker -> parent: step or chunk done, results in shared memory, no instruction or term-name news
@@ -48,6 +51,7 @@ def _step_buffers(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
         "reward": torch.zeros(n, dtype=torch.float64).share_memory_(),
         "flags": torch.zeros((3, n), dtype=torch.bool).share_memory_(),
         "terms": torch.zeros((MAX_REWARD_TERMS, n), dtype=torch.float32).share_memory_(),
+        "signals": torch.zeros((MAX_REWARD_TERMS, n), dtype=torch.float32).share_memory_(),
     }
 
 
@@ -55,13 +59,14 @@ def _chunk_buffers(spec: EnvSpec, n: int, horizon: int) -> dict[str, torch.Tenso
     """One worker's shared chunk buffers for up to ``horizon`` steps on its ``n`` envs (columns = its envs).
 
     ``actions [n, H, A]`` in; per-step results out: ``reward [H, n]``, ``flags [3, H, n]`` (term, trunc,
-    success) and ``terms [MAX_REWARD_TERMS, H, n]`` (rows = the worker's term slots).
+    success), ``terms`` and ``signals [MAX_REWARD_TERMS, H, n]`` (rows = the worker's slots).
     """
     return {
         "actions": torch.zeros((n, horizon, *spec.action.shape), dtype=torch.float32).share_memory_(),
         "reward": torch.zeros((horizon, n), dtype=torch.float64).share_memory_(),
         "flags": torch.zeros((3, horizon, n), dtype=torch.bool).share_memory_(),
         "terms": torch.zeros((MAX_REWARD_TERMS, horizon, n), dtype=torch.float32).share_memory_(),
+        "signals": torch.zeros((MAX_REWARD_TERMS, horizon, n), dtype=torch.float32).share_memory_(),
     }
 
 
@@ -112,10 +117,12 @@ def _numpy_views(bufs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 
 class _TermSlots:
-    """A worker's reward-term names, in first-seen order; each name owns one row of the shared ``terms`` buffer."""
+    """A worker's names of one channel (reward terms or signals), in first-seen order; each name owns one row
+    of the channel's shared buffer."""
 
-    def __init__(self, env_id: str) -> None:
+    def __init__(self, env_id: str, what: str = "reward terms") -> None:
         self.env_id = env_id
+        self.what = what
         self.names: list[str] | None = None  # None until an env reports reward terms
         self._slot: dict[str, int] = {}
 
@@ -133,7 +140,7 @@ class _TermSlots:
             for k in out:
                 if k not in slot:
                     if len(names) >= MAX_REWARD_TERMS:
-                        raise EnvError(f"{self.env_id}: more than {MAX_REWARD_TERMS} named reward terms")
+                        raise EnvError(f"{self.env_id}: more than {MAX_REWARD_TERMS} named {self.what}")
                     slot[k] = len(names)
                     names.append(k)
                     grew = True
@@ -161,35 +168,39 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int, spin_s:
         obs_t, final_t, step_t = conn.recv()
         obs_bufs, final_bufs, step_bufs = _numpy_views(obs_t), _numpy_views(final_t), _numpy_views(step_t)
         rows = slice(offset, offset + len(envs))
-        act_buf, reward_buf, term_buf = step_bufs["actions"][rows], step_bufs["reward"], step_bufs["terms"]
+        act_buf, reward_buf = step_bufs["actions"][rows], step_bufs["reward"]
         flags = step_bufs["flags"]
-        slots = _TermSlots(spec.env_id)
+        slots = {"terms": _TermSlots(spec.env_id), "signals": _TermSlots(spec.env_id, "signals")}
+        attrs = {"terms": "reward_terms", "signals": "signals"}
         chunk: dict[str, np.ndarray] = {}  # shared chunk buffers, sent by the parent before the first chunk
         waiter = _Waiter(conn, spin_s)
 
-        def reply(texts: list[tuple[Any, ...]] | None, grew: bool) -> None:
-            """One byte, or the instructions of envs that reset and the term names when they grew."""
-            if texts is None and not grew:
+        def reply(texts: list[tuple[Any, ...]] | None, grew: dict[str, bool]) -> None:
+            """One byte, or the instructions of envs that reset and each channel's names when they grew."""
+            if texts is None and not any(grew.values()):
                 conn.send_bytes(_DONE)
             else:
-                conn.send(("ok", (texts or [], list(slots.names or ()) if grew else None)))
+                names = {c: list(slots[c].names or ()) for c in CHANNELS if grew[c]}
+                conn.send(("ok", (texts or [], names)))
 
         while True:
             waiter.wait()
             msg = conn.recv_bytes()
             if msg == _STEP:  # actions in shared memory; results back in shared memory
                 acts = act_buf.copy()
-                texts, grew = None, False
+                texts, grew = None, dict.fromkeys(CHANNELS, False)
                 for j, env in enumerate(envs):
                     out = env.step(acts[j])
                     row = offset + j
                     _write(obs_bufs, row, out.obs)
                     reward_buf[row] = out.reward
                     flags[0, row], flags[1, row], flags[2, row] = out.terminated, out.truncated, out.success
-                    if out.reward_terms is not None:
-                        grew |= slots.put(out.reward_terms, term_buf, row)
-                    elif slots.names:
-                        term_buf[: len(slots.names), row] = 0.0
+                    for c in CHANNELS:
+                        named, buf = getattr(out, attrs[c]), step_bufs[c]
+                        if named is not None:
+                            grew[c] |= slots[c].put(named, buf, row)
+                        elif slots[c].names:
+                            buf[: len(slots[c].names), row] = 0.0
                     if out.terminated or out.truncated:
                         _write(final_bufs, row, out.obs)
                         obs, text = env.reset(None)
@@ -199,14 +210,15 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int, spin_s:
                 continue
             if msg[:1] == _CHUNK:  # actions [n, H, A] in the shared chunk buffers; per-step results back there
                 horizon = int.from_bytes(msg[1:], "little")
-                reward, chunk_flags, terms, chunk_texts = run_chunk(
+                reward, chunk_flags, terms, signals, chunk_texts = run_chunk(
                     envs, chunk["actions"][:, :horizon].copy(), obs_bufs, final_bufs, offset)
                 chunk["reward"][:horizon], chunk["flags"][:, :horizon] = reward, chunk_flags
-                grew = False
-                if terms:
-                    grew = slots.put(terms, chunk["terms"][:, :horizon], slice(None))
-                elif slots.names:
-                    chunk["terms"][: len(slots.names), :horizon] = 0.0
+                grew = dict.fromkeys(CHANNELS, False)
+                for c, named in (("terms", terms), ("signals", signals)):
+                    if named:
+                        grew[c] = slots[c].put(named, chunk[c][:, :horizon], slice(None))
+                    elif slots[c].names:
+                        chunk[c][: len(slots[c].names), :horizon] = 0.0
                 reply(chunk_texts or None, grew)
                 continue
             cmd, arg = pickle.loads(msg)
@@ -310,8 +322,9 @@ class ProcessVecEnv(_Bookkeeping):
                 c.send((obs_t, final_t, step_t))
             self._obs_bufs, self._final_bufs = _numpy_views(obs_t), _numpy_views(final_t)
             self._step_bufs = _numpy_views(step_t)
-            self._term_names: list[list[str] | None] = [None] * len(self._conns)
-            self._term_layouts: dict[tuple[int, ...], tuple[list[str] | None, bool]] = {}  # see _layout
+            # per channel (CHANNELS), each worker's names in slot order (None until it reports some)
+            self._names: dict[str, list[list[str] | None]] = {c: [None] * len(self._conns) for c in CHANNELS}
+            self._layouts: dict[tuple[str, tuple[int, ...]], tuple[list[str] | None, bool]] = {}  # see _layout
         except BaseException:
             self.close()
             raise
@@ -366,40 +379,37 @@ class ProcessVecEnv(_Bookkeeping):
                 self._instructions[a + j] = text
         reward = bufs["reward"].astype(np.float32)
         term, trunc, success = bufs["flags"].copy()
-        return self._finish_step(reward, term, trunc, success, self._terms(), self._batch(self._obs_bufs),
-                                 self._obs_bufs, self._final_bufs, final_instructions)
+        return self._finish_step(reward, term, trunc, success, self._named("terms"), self._named("signals"),
+                                 self._batch(self._obs_bufs), self._obs_bufs, self._final_bufs, final_instructions)
 
     def _recv_news(self, w: int) -> list[tuple[Any, ...]]:
-        """Wait for worker ``w``'s step or chunk reply; record new reward-term names; return its resets' instructions."""
+        """Wait for worker ``w``'s step or chunk reply; record new term / signal names; return its resets' instructions."""
         news = self._recv(w)
         if news is None:
             return []
         texts, names = news
-        if names is not None:
-            self._set_term_names(w, names)
+        for channel, new in names.items():
+            self._names[channel][w] = new
+            self._layouts.clear()
         return texts
 
-    def _set_term_names(self, w: int, names: list[str]) -> None:
-        self._term_names[w] = names
-        self._term_layouts.clear()
-
-    def _layout(self, workers: tuple[int, ...]) -> tuple[list[str] | None, bool]:
-        """:func:`_term_layout` of ``workers``, recomputed only when a worker reports new names."""
-        layout = self._term_layouts.get(workers)
+    def _layout(self, channel: str, workers: tuple[int, ...]) -> tuple[list[str] | None, bool]:
+        """:func:`_term_layout` of ``workers`` for ``channel``, recomputed only when a worker reports new names."""
+        layout = self._layouts.get((channel, workers))
         if layout is None:
-            layout = self._term_layouts[workers] = _term_layout([self._term_names[w] for w in workers])
+            layout = self._layouts[channel, workers] = _term_layout([self._names[channel][w] for w in workers])
         return layout
 
-    def _terms(self) -> dict[str, np.ndarray] | None:
-        """This step's named reward terms ``float32 [B]`` (views of one fresh array), from the shared buffer."""
-        names, same = self._layout(tuple(range(len(self._conns))))
+    def _named(self, channel: str) -> dict[str, np.ndarray] | None:
+        """This step's named scalars of ``channel`` ``float32 [B]`` (views of one fresh array), from the shared buffer."""
+        names, same = self._layout(channel, tuple(range(len(self._conns))))
         if names is None:
             return None
-        buf = self._step_bufs["terms"]
+        buf = self._step_bufs[channel]
         if same:
             return dict(zip(names, buf[: len(names)].copy()))
         table = np.zeros((len(names), self.num_envs), np.float32)
-        for w_names, (a, b) in zip(self._term_names, self._slices):
+        for w_names, (a, b) in zip(self._names[channel], self._slices):
             for slot, k in enumerate(w_names or ()):
                 table[names.index(k), a:b] = buf[slot, a:b]
         return dict(zip(names, table))
@@ -496,19 +506,20 @@ class ProcessVecEnv(_Bookkeeping):
             bufs = self._chunk_bufs[w]
             reward64[:, a - first : b - first] = bufs["reward"][:horizon]
             flags[:, :, a - first : b - first] = bufs["flags"][:, :horizon]
-        terms = self._chunk_terms(workers, horizon, first, n)
-        return self._chunk_steps(ids, reward64, flags, terms, texts, self._obs_bufs, self._final_bufs)
+        terms = self._chunk_named("terms", workers, horizon, first, n)
+        signals = self._chunk_named("signals", workers, horizon, first, n)
+        return self._chunk_steps(ids, reward64, flags, terms, signals, texts, self._obs_bufs, self._final_bufs)
 
-    def _chunk_terms(self, workers: list[int], horizon: int, first: int, n: int) -> dict[str, np.ndarray]:
-        """The chunk's named reward terms ``float32 [H, n]`` (union over ``workers``), from their chunk buffers."""
-        names, _ = self._layout(tuple(workers))
+    def _chunk_named(self, channel: str, workers: list[int], horizon: int, first: int, n: int) -> dict[str, np.ndarray]:
+        """The chunk's named scalars of ``channel`` ``float32 [H, n]`` (union over ``workers``), from their chunk buffers."""
+        names, _ = self._layout(channel, tuple(workers))
         if names is None:
             return {}
         table = np.zeros((len(names), horizon, n), np.float32)
         for w in workers:
             a, b = self._slices[w]
             cols = slice(a - first, b - first)
-            w_names, src = self._term_names[w] or [], self._chunk_bufs[w]["terms"]
+            w_names, src = self._names[channel][w] or [], self._chunk_bufs[w][channel]
             if w_names == names[: len(w_names)]:  # the usual case: the worker's slots in the union's order
                 table[: len(w_names), :, cols] = src[: len(w_names), :horizon]
             else:

@@ -75,6 +75,8 @@ class Rollout:
             (:class:`rewards.RewardConfig`) summed over each chunk's steps up to the env's episode end.
         reward_terms: name -> ``[T, B]`` every env term and configured term, summed the same way.
         step_reward_terms: name -> ``[T, B, H]`` the same per executed step (0 on held steps).
+        step_signals: name -> ``[T, B, H]`` the env's privileged signals per executed step (0 on held
+            steps; :class:`sim.single.StepOut`), for constraint costs and analysis; never fed to a policy.
         terminated, truncated: ``[T, B]`` whether the episode ended (and how) inside the chunk.
         next_values: ``[T, B]`` value of each decision's true successor.
         valid: ``[T, B]`` False for decisions after an env's episode ended in group mode.
@@ -99,6 +101,7 @@ class Rollout:
     valid: Tensor
     group_ids: Tensor | None = None
     step_reward_terms: dict[str, Tensor] = field(default_factory=dict)
+    step_signals: dict[str, Tensor] = field(default_factory=dict)
     episodes: list[EpisodeRecord] = field(default_factory=list)
     env_steps: int = 0
     times: dict[str, float] = field(default_factory=dict)
@@ -163,9 +166,15 @@ def _cat_chunks(parts: list[dict[str, Any]]) -> dict[str, Any]:
         n: torch.cat([p["step_terms"].get(n, torch.zeros(horizon, s)) for p, s in zip(parts, sizes)], dim=1)
         for n in names
     }
+    signal_names = sorted({n for p in parts for n in p["signals"]})
+    signals = {
+        n: torch.cat([p["signals"].get(n, torch.zeros(horizon, s)) for p, s in zip(parts, sizes)], dim=1)
+        for n in signal_names
+    }
     episodes = sorted((ep for p in parts for ep in p["episodes"]), key=lambda he: (he[0], he[1].env))
     return {
         "reward": torch.cat([p["reward"] for p in parts]), "terms": terms, "step_terms": step_terms,
+        "signals": signals,
         "term": torch.cat([p["term"] for p in parts]), "trunc": torch.cat([p["trunc"] for p in parts]),
         "final": {i: f for p in parts for i, f in p["final"].items()},
         "episodes": [ep for _, ep in episodes],
@@ -373,7 +382,10 @@ class RolloutEngine:
                 )))
         term = (steps.terminated & live).any(0)
         trunc = (steps.truncated & live & ~steps.terminated).any(0)
-        return {"reward": rewards.reward, "terms": rewards.terms, "step_terms": rewards.step_terms, "term": term,
+        zero = torch.zeros((), dtype=torch.float32)
+        signals = {k: torch.where(live, v.float().cpu(), zero) for k, v in steps.signals.items()}
+        return {"reward": rewards.reward, "terms": rewards.terms, "step_terms": rewards.step_terms,
+                "signals": signals, "term": term,
                 "trunc": trunc, "final": final, "episodes": episodes}
 
     def _collect(self, num_decisions: int, mode: ActMode, group_ids: Tensor | None, stop_when_all_ended: bool) -> Rollout:
@@ -397,6 +409,7 @@ class RolloutEngine:
         for k in obs_list[0]:
             stacked_obs[k] = [o[k] for o in obs_list] if k == TASK else torch.stack([o[k] for o in obs_list])
         term_names = sorted({n for c in chunks for n in c["terms"]})
+        signal_names = sorted({n for c in chunks for n in c["signals"]})
         return Rollout(
             obs=stacked_obs,
             actions=torch.stack([o.actions.cpu() for o in outs]),
@@ -407,6 +420,8 @@ class RolloutEngine:
             reward_terms={n: torch.stack([c["terms"].get(n, torch.zeros(b)) for c in chunks]) for n in term_names},
             step_reward_terms={n: torch.stack([c["step_terms"].get(n, torch.zeros(self.exec_steps, b)).T
                                                for c in chunks]) for n in term_names},
+            step_signals={n: torch.stack([c["signals"].get(n, torch.zeros(self.exec_steps, b)).T
+                                          for c in chunks]) for n in signal_names},
             terminated=torch.stack([c["term"] for c in chunks]),
             truncated=torch.stack([c["trunc"] for c in chunks]),
             next_values=next_values,

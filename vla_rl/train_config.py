@@ -21,6 +21,7 @@ from vla_rl.algorithms import grpo as _grpo  # noqa: F401  (registers the built-
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
 from vla_rl.algorithms import rac as _rac  # noqa: F401
 from vla_rl.algorithms import sft as _sft  # noqa: F401
+from vla_rl.algorithms import tpo as _tpo  # noqa: F401
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.config import EnvConfig

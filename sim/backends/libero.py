@@ -439,7 +439,9 @@ class LiberoEnv(SingleEnv):
         self._t += 1
         success = bool(self._env.check_success())
         truncated = not success and self._t >= self.spec.max_episode_steps
-        return StepOut(self._obs(raw), float(success), success, truncated, success)
+        eef = np.asarray(raw["robot0_eef_pos"], dtype=np.float64)  # privileged signals (docs/sim.md)
+        signals = {"ee_x": float(eef[0]), "ee_y": float(eef[1]), "ee_z": float(eef[2])}
+        return StepOut(self._obs(raw), float(success), success, truncated, success, signals=signals)
 
     def raw_images(self) -> dict[str, np.ndarray]:
         """The current camera frames exactly as robosuite renders them (OpenGL, bottom row first)."""

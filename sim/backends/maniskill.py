@@ -138,6 +138,7 @@ class ManiSkillSingleEnv(SingleEnv):
             terminated=bool(terminated[0]),
             truncated=self._t >= self._max_steps,
             success=success,
+            signals=maniskill_signals(self._base, info),
         )
 
     def expert_action(self) -> np.ndarray:
@@ -230,3 +231,28 @@ class ManiSkillBackend(Backend):
         workers = options.num_workers if options.num_workers >= 0 else min(num_envs, os.cpu_count() or 1)
         factory = functools.partial(_make_single, task, options, icd)
         return build_vec_env([factory] * num_envs, env_id, workers, spin=options.spin, executor=options.executor)
+
+
+def maniskill_signals(base: Any, info: dict[str, Any]) -> dict[str, float]:
+    """Privileged signals of a one-env ManiSkill task (docs/sim.md): what its ``info`` and agent expose.
+
+    ``grasped`` / ``placed`` from ManiSkill's ``is_grasped`` / ``is_obj_placed`` where the task reports
+    them, the TCP position ``ee_x/y/z`` where the agent has a TCP link, and ``joint_limit_margin`` (the
+    smallest distance of a joint to its nearer limit over the joint's range) from the robot's limits.
+    """
+    out: dict[str, float] = {}
+    for key, name in (("is_grasped", "grasped"), ("is_obj_placed", "placed")):
+        if key in info:
+            out[name] = float(torch.as_tensor(info[key]).reshape(-1)[0])
+    tcp = getattr(base.agent, "tcp", None)
+    if tcp is not None:
+        out.update(zip(("ee_x", "ee_y", "ee_z"), torch.as_tensor(tcp.pose.p).reshape(-1, 3)[0].tolist()))
+    robot = base.agent.robot
+    q = torch.as_tensor(robot.get_qpos()).reshape(-1).cpu()
+    limits = torch.as_tensor(robot.get_qlimits()).reshape(-1, 2).cpu()
+    span = (limits[:, 1] - limits[:, 0]).clamp_min(1e-6)
+    finite = torch.isfinite(span) & (span < 1e3)
+    if finite.any():
+        margin = torch.minimum(q - limits[:, 0], limits[:, 1] - q)[finite] / span[finite]
+        out["joint_limit_margin"] = float(margin.min().clamp(0.0, 0.5))
+    return out

@@ -13,6 +13,27 @@ Observations (no batch dim):
 Actions ``float32 [4]`` in ``[-1, 1]``: pinch-point displacement ``dx, dy, dz``
 (times ``max_step`` metres per step) and the gripper command (-1 open, +1
 closed). See :mod:`sim.mujoco_tasks.control`.
+
+Privileged signals (``StepOut.signals``, never observed by a policy; :data:`SIGNALS`):
+
+=========================  ==================================================================
+signal                     meaning
+=========================  ==================================================================
+``stage_progress``         leading task stages that hold (:func:`~sim.mujoco_tasks.tasks.stage_progress`)
+``stage_count``            number of stages of the episode's task
+``stage_<name>``           1 while stage ``<name>`` holds (0 for stages the task does not have)
+``collision``              contacts of the arm or the target cube with a non-target cube
+``collision_force``        summed normal force of those contacts (N)
+``table_force``            summed normal force of arm-table contacts (N)
+``ee_x/y/z``               pinch point (m, world frame)
+``ee_step``                distance the pinch point moved during this step (m; path length)
+``target_x/y/z``           centre of the cube the task moves (m)
+``obstacle_count``         non-target cubes (2 for pick / push, 1 for stack)
+``obstacle<k>_x/y/z``      their centres (m; 0 for k >= ``obstacle_count``)
+``joint_limit_margin``     min over the arm joints of the distance to the nearer limit over the
+                           joint's range (0 at a limit, 0.5 centred)
+``grasped``                1 while both fingers touch the target cube
+=========================  ==================================================================
 """
 
 from __future__ import annotations
@@ -30,6 +51,7 @@ from sim.mujoco_tasks.gl import close_at_exit
 from sim.mujoco_tasks.scene import GRIPPER_DRIVER_MAX, RENDER_FLAGS, SceneIds, build_model
 from sim.mujoco_tasks.tasks import (
     CUBE_HALF,
+    STAGE_NAMES,
     MULTI,
     MULTI_MAX_EPISODE_STEPS,
     REWARD_MODES,
@@ -41,6 +63,8 @@ from sim.mujoco_tasks.tasks import (
     is_success,
     potentials,
     reward_terms,
+    stage_flags,
+    stage_progress,
 )
 from sim.single import SingleEnv, StepOut
 from sim.tasks import TASK_INDEX as TASK_INDEX_KEY
@@ -56,6 +80,12 @@ MIN_PAD_GAP = 0.11
 PUSH_CLEARANCE = 0.085  # push tasks: other cubes stay this far from the push path
 MAX_CUBE_YAW = 0.4  # rad, cubes are rotated about z by up to this much
 HOME_JITTER = 0.02  # m, the arm starts within this box around HOME_POS
+MAX_OBSTACLES = 2  # non-target cubes reported in the signals
+SIGNALS: tuple[str, ...] = (
+    "stage_progress", "stage_count", *(f"stage_{n}" for n in STAGE_NAMES), "collision", "collision_force",
+    "table_force", "ee_x", "ee_y", "ee_z", "ee_step", "target_x", "target_y", "target_z", "obstacle_count",
+    *(f"obstacle{k}_{a}" for k in range(MAX_OBSTACLES) for a in "xyz"), "joint_limit_margin", "grasped",
+)
 
 
 @dataclass(frozen=True)
@@ -162,6 +192,9 @@ class TabletopEnv(SingleEnv):
         self._elapsed = 0
         self._phi: dict[str, float] = {}
         self._state: TaskState | None = None
+        self._table_geom = self.model.geom("table").id
+        self._force = np.zeros(6)
+        self._prev_pinch = np.zeros(3)  # the pinch point before the last step (ee_step)
 
     # ------------------------------------------------------------------ episode
 
@@ -217,6 +250,7 @@ class TabletopEnv(SingleEnv):
         action = np.asarray(action, dtype=np.float64)
         if not np.all(np.isfinite(action)):
             raise EnvError(f"{self.cfg.env_id}: action contains NaN/inf at step {self._elapsed}: {action}")
+        self._prev_pinch = self._state.pinch.copy()
         self.controller.apply(self.data, self._state.pinch, action)
         mujoco.mj_step(self.model, self.data, self.n_substeps)
         mujoco.mj_forward(self.model, self.data)  # positions, contacts and camera poses of the new state
@@ -231,6 +265,7 @@ class TabletopEnv(SingleEnv):
             truncated=truncated,
             success=success,
             reward_terms=terms,
+            signals=self.signals(),
         )
 
     def evaluate(self) -> tuple[dict[str, float], bool]:
@@ -245,6 +280,47 @@ class TabletopEnv(SingleEnv):
         terms = reward_terms(self.cfg.reward_mode, self._phi, phi, success)
         self._phi = phi
         return terms, success
+
+    def obstacles(self) -> list[int]:
+        """Indices of the non-target cubes of the current task (neither moved nor stacked on)."""
+        return [i for i in range(3) if i not in (self.task.cube, self.task.base)]
+
+    def signals(self) -> dict[str, float]:
+        """The privileged signals of the current state (:data:`SIGNALS`, see the module doc)."""
+        s, d, ids, task = self._state, self.data, self.ids, self.task
+        assert s is not None
+        flags = stage_flags(task, s)
+        obstacles = self.obstacles()
+        obstacle_geoms = ids.cube_geom[obstacles]
+        movers = np.append(ids.robot_geoms, ids.cube_geom[task.cube])
+        collision, collision_force, table_force = 0, 0.0, 0.0
+        for i in range(d.ncon):
+            g1, g2 = d.contact.geom[i]
+            hit = (g1 in obstacle_geoms and g2 in movers) or (g2 in obstacle_geoms and g1 in movers)
+            on_table = (g1 == self._table_geom and g2 in ids.robot_geoms) or (
+                g2 == self._table_geom and g1 in ids.robot_geoms)
+            if hit or on_table:
+                mujoco.mj_contactForce(self.model, d, i, self._force)
+                normal = abs(float(self._force[0]))
+                if hit:
+                    collision, collision_force = collision + 1, collision_force + normal
+                else:
+                    table_force += normal
+        q, rng = d.qpos[ids.arm_qpos], ids.arm_range
+        margin = np.minimum(q - rng[:, 0], rng[:, 1] - q) / (rng[:, 1] - rng[:, 0])
+        out = {"stage_progress": float(stage_progress(task, s)), "stage_count": float(len(task.stages))}
+        out.update({f"stage_{n}": float(flags.get(n, False)) for n in STAGE_NAMES})
+        out.update(collision=float(collision), collision_force=collision_force, table_force=table_force)
+        out.update(zip(("ee_x", "ee_y", "ee_z"), map(float, s.pinch)))
+        out["ee_step"] = float(np.linalg.norm(s.pinch - self._prev_pinch))
+        out.update(zip(("target_x", "target_y", "target_z"), map(float, s.cubes[task.cube])))
+        out["obstacle_count"] = float(len(obstacles))
+        for k in range(MAX_OBSTACLES):
+            xyz = s.cubes[obstacles[k]] if k < len(obstacles) else np.zeros(3)
+            out.update(zip((f"obstacle{k}_x", f"obstacle{k}_y", f"obstacle{k}_z"), map(float, xyz)))
+        out["joint_limit_margin"] = float(np.clip(margin.min(), 0.0, 0.5))
+        out["grasped"] = float(s.grasped[task.cube])
+        return out
 
     def expert_action(self) -> np.ndarray:
         """The scripted expert's next action ``float32 [4]`` (see :mod:`sim.mujoco_tasks.expert`)."""

@@ -12,7 +12,8 @@ from sim.single import SingleEnv, StepOut
 class CounterEnv(SingleEnv):
     """State = [position, steps]; the action adds to position; success when position >= goal."""
 
-    def __init__(self, episode_steps: int = 5, goal: float = 2.0, fail_at: int = -1, extra_term: str = "") -> None:
+    def __init__(self, episode_steps: int = 5, goal: float = 2.0, fail_at: int = -1, extra_term: str = "",
+                 signals: bool = False) -> None:
         self.spec = EnvSpec(
             env_id="toy/counter",
             observation={OBS_STATE: TensorSpec((2,), torch.float32), image_key("cam"): TensorSpec((4, 4, 3), torch.uint8)},
@@ -21,7 +22,7 @@ class CounterEnv(SingleEnv):
             control_freq=10.0,
             cameras=("cam",),
         )
-        self.goal, self.fail_at, self.extra_term = goal, fail_at, extra_term
+        self.goal, self.fail_at, self.extra_term, self.signals = goal, fail_at, extra_term, signals
         self.rng = np.random.default_rng(0)
         self.pos, self.t = 0.0, 0
 
@@ -44,7 +45,9 @@ class CounterEnv(SingleEnv):
         terms = {"success": float(success)}
         if self.extra_term:  # an extra named term (tests envs that report different term names)
             terms[self.extra_term] = self.pos
-        return StepOut(self._obs(), float(success), success, self.t >= self.spec.max_episode_steps, success, terms)
+        signals = {"pos": self.pos, "t": float(self.t)} if self.signals else None  # privileged scalars
+        return StepOut(self._obs(), float(success), success, self.t >= self.spec.max_episode_steps, success, terms,
+                       signals)
 
     def expert_action(self):
         return np.array([1.0], dtype=np.float32)

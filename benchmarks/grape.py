@@ -1,0 +1,210 @@
+"""GRAPE alignment (``vla-rl align``) from the quickstart's pre-trained policy, per objective, next to PPO.
+
+    OMP_NUM_THREADS=1 python benchmarks/grape.py [--seeds 0 1 2] [--episodes 400] \\
+        [--objectives task safety efficiency] [--write docs/benchmarks.md] [--ppo true] [-- ALIGN ARGS]
+
+For each seed, in its own processes and a fresh run folder under ``--runs``:
+
+1. the quickstart's pre-trained policy recipe on ``mujoco/pick-any`` (``vla-rl quickstart --iterations 0``:
+   its demos and few-shot flow-matching pre-training, no RL);
+2. ``vla-rl align --preset align_<objective> --policy.path <that policy>`` per objective, evaluated before and
+   after on ``--episodes`` held-out episodes (95% Wilson intervals);
+3. with ``--ppo true``, PPO from the same policy with the quickstart's settings for as many env steps as the
+   ``task`` alignment took (``vla-rl quickstart --resume true --iterations K`` in a copy of step 1's folder).
+
+Targets (issue 17): ``task``: success after >= before + 0.15 per seed; ``safety``: collision rate down by >=
+40% relative with success not below the before interval; ``efficiency``: mean steps of successful episodes
+down by >= 10% with success not below the before interval. Writes ``benchmarks/results/grape.json`` and, with
+``--write FILE``, the section ``## GRAPE alignment`` of that markdown file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_report import split_passthrough, write_section  # noqa: E402
+
+SECTION = "## GRAPE alignment"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "grape.json"
+PPO_STEPS_PER_ITER = 32 * 6 * 4  # the quickstart's PPO: 32 envs x 6 decisions x 4-step chunks
+
+
+def _run(cmd: list[str], check: bool = True) -> float:
+    print("$", " ".join(cmd), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"exit code {proc.returncode}: {' '.join(cmd)}")
+    return time.perf_counter() - t
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "vla_rl.cli", *args]
+
+
+def pretrain(seed: int, base: Path, extra: list[str]) -> tuple[Path, float]:
+    """The quickstart's pre-trained policy for ``seed`` (no RL); returns its folder and the wall seconds."""
+    run_dir = base / "pretrain"
+    wall = 0.0
+    policy = run_dir / "sft_policy"
+    if not (policy / "config.json").exists():
+        # the quickstart's report step needs an RL evaluation, which 0 iterations do not make: only the policy counts
+        wall = _run(_cli("quickstart", "--seed", str(seed), "--iterations", "0", "--eval_episodes", "1",
+                         "--run_dir", str(run_dir), "--demo_cache", str(base / "demos"), "--logging.wandb", "false",
+                         *(["--resume", "true"] if run_dir.exists() else []), *extra), check=False)
+        if not (policy / "config.json").exists():
+            raise RuntimeError(f"the quickstart wrote no pre-trained policy at {policy}")
+    return policy, wall
+
+
+def align(seed: int, objective: str, policy: Path, base: Path, episodes: int, extra: list[str]) -> dict[str, Any]:
+    """One ``vla-rl align`` run; its report plus the measured wall seconds."""
+    run_dir = base / f"align-{objective}"
+    resume = ["--resume", "true"] if run_dir.exists() else []
+    wall = _run(_cli("align", "--preset", f"align_{objective}", "--policy.path", str(policy), "--seed", str(seed),
+                     "--eval_episodes", str(episodes), "--run_dir", str(run_dir), "--logging.wandb", "false",
+                     *resume, *extra))
+    return {**json.loads((run_dir / "report.json").read_text()), "wall": wall}
+
+
+def ppo(seed: int, pre: Path, base: Path, env_steps: int, episodes: int, extra: list[str]) -> dict[str, Any]:
+    """The quickstart's PPO from the pre-trained policy for about ``env_steps`` env steps."""
+    run_dir = base / "ppo"
+    if not run_dir.exists():
+        shutil.copytree(pre, run_dir / "sft_policy")
+    iters = max(1, math.ceil(env_steps / PPO_STEPS_PER_ITER))
+    wall = _run(_cli("quickstart", "--seed", str(seed), "--iterations", str(iters), "--eval_episodes", str(episodes),
+                     "--run_dir", str(run_dir), "--demo_cache", str(base / "demos"), "--resume", "true",
+                     "--logging.wandb", "false", *extra))
+    rep = json.loads((run_dir / "report.json").read_text())
+    return {"success_before": rep["success_before"], "success_after": rep["success_after"],
+            "success_before_ci": rep["success_before_ci"], "success_after_ci": rep["success_after_ci"],
+            "env_steps": rep["env_steps"], "iterations": iters, "wall": wall}
+
+
+def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the run meets issue 17's target for ``objective``, and the measured quantity."""
+    b, a = r["before"], r["after"]
+    kept = a["success"] >= b["success_ci"][0]
+    if objective == "task":
+        gain = a["success"] - b["success"]
+        return gain >= 0.15 - 1e-9, f"success {gain:+.3f}"
+    if objective == "safety":
+        rb, ra = b.get("collision_rate", 0.0), a.get("collision_rate", 0.0)
+        rel = (ra - rb) / rb if rb > 0 else float("nan")
+        return (rb > 0 and rel <= -0.40 and kept), f"collision rate {rb:.3f} -> {ra:.3f} ({rel:+.0%})"
+    sb, sa = b["mean_steps_success"], a["mean_steps_success"]
+    if not sb or not sa:
+        return False, "no successful episodes to measure steps on"
+    rel = (sa - sb) / sb
+    return (rel <= -0.10 and kept), f"steps of successes {sb:.1f} -> {sa:.1f} ({rel:+.0%})"
+
+
+def row(seed: int, objective: str, r: dict[str, Any]) -> dict[str, Any]:
+    ok, what = targets(objective, r)
+    b, a = r["before"], r["after"]
+    return {"seed": seed, "objective": objective, "success_before": b["success"], "success_before_ci": b["success_ci"],
+            "success_after": a["success"], "success_after_ci": a["success_ci"], "episodes": a["episodes"],
+            "costs_before": b["costs"], "costs_after": a["costs"],
+            "collision_rate_before": b.get("collision_rate"), "collision_rate_after": a.get("collision_rate"),
+            "mean_steps_success_before": b["mean_steps_success"], "mean_steps_success_after": a["mean_steps_success"],
+            "env_steps": r["env_steps"], "rounds": r["rounds"], "wall_seconds": r["wall"], "target_met": ok,
+            "measured": what}
+
+
+def table(rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]]) -> str:
+    ci = lambda x: f"{x[0]:.2f}-{x[1]:.2f}"  # noqa: E731
+    lines = ["| seed | objective | success before [95% CI] | success after [95% CI] | collision rate | "
+             "steps of successes | env steps | wall s | target | measured |", "|---:|---|---|---|---|---|---:|---:|---|---|"]
+    for r in rows:
+        cr = (f"{r['collision_rate_before']:.3f} -> {r['collision_rate_after']:.3f}"
+              if r["collision_rate_before"] is not None else "-")
+        st = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        lines.append(f"| {r['seed']} | {r['objective']} | {r['success_before']:.2f} [{ci(r['success_before_ci'])}] | "
+                     f"{r['success_after']:.2f} [{ci(r['success_after_ci'])}] | {cr} | "
+                     f"{st(r['mean_steps_success_before'])} -> {st(r['mean_steps_success_after'])} | {r['env_steps']} | "
+                     f"{r['wall_seconds']:.0f} | {'met' if r['target_met'] else 'not met'} | {r['measured']} |")
+    for seed, p in ppo_rows.items():
+        lines.append(f"| {seed} | PPO (same env steps as task) | {p['success_before']:.2f} [{ci(p['success_before_ci'])}] | "
+                     f"{p['success_after']:.2f} [{ci(p['success_after_ci'])}] | - | - | {p['env_steps']} | "
+                     f"{p['wall']:.0f} | - | {p['iterations']} PPO iterations |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    argv, extra = split_passthrough(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--episodes", type=int, default=400, help="held-out episodes per evaluation")
+    parser.add_argument("--objectives", nargs="+", default=["task", "safety", "efficiency"])
+    parser.add_argument("--ppo", type=lambda s: s.lower() == "true", default=True,
+                        help="also run PPO for the env steps of the task alignment (true/false)")
+    parser.add_argument("--pretrain-args", default="", help="extra vla-rl quickstart arguments, one string")
+    parser.add_argument("--runs", type=Path, default=None, help="parent folder of the run folders (default: new)")
+    parser.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    runs = args.runs or ROOT / "runs" / f"bench-grape-{time.strftime('%Y%m%d-%H%M%S')}"
+    pre_extra = args.pretrain_args.split()
+    rows, ppo_rows, pre_walls = [], {}, {}
+    for seed in args.seeds:
+        base = runs / f"seed{seed}"
+        policy, pre_walls[seed] = pretrain(seed, base, pre_extra)
+        for objective in args.objectives:
+            rows.append(row(seed, objective, align(seed, objective, policy, base, args.episodes, extra)))
+            print(json.dumps(rows[-1], default=str), flush=True)
+            publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)  # what is done so far survives a kill
+        task = next((r for r in rows if r["seed"] == seed and r["objective"] == "task"), None)
+        if args.ppo and task is not None:
+            ppo_rows[seed] = ppo(seed, policy.parent, base, task["env_steps"], args.episodes, pre_extra)
+            publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)
+
+
+def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]],
+            pre_walls: dict[int, float], extra: list[str], pre_extra: list[str]) -> None:
+    """Write ``grape.json`` and (with ``--write``) the markdown section from the runs finished so far."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    conditions = (f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch {torch.__version__}, "
+                  f"no GPU, OMP_NUM_THREADS=1, load average {load:.1f} at the end")
+    result = {"seeds": args.seeds, "episodes": args.episodes, "objectives": args.objectives, "align_args": extra,
+              "pretrain_args": pre_extra, "pretrain_wall_seconds": pre_walls, "runs": rows, "ppo": ppo_rows,
+              "conditions": conditions}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.results.with_name(args.results.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str))
+    os.replace(tmp, args.results)
+    cmd = " ".join(["python benchmarks/grape.py", *sys.argv[1:]])
+    body = "\n".join([
+        f"`{cmd}`: `vla-rl align` (presets `align_<objective>`{', plus ' + ' '.join(extra) if extra else ''}) from "
+        "the quickstart's pre-trained policy on `mujoco/pick-any` (`vla-rl quickstart --iterations 0`), per seed and "
+        f"objective, evaluated on {args.episodes} held-out episodes before and after (deterministic policy, 95% Wilson "
+        f"CI), and PPO with the quickstart's settings for the env steps of the task alignment. {conditions}. "
+        "Measurements on this shared machine are noisy; wall times are of each command alone in its process.",
+        "", table(rows, ppo_rows), "",
+        f"Targets met: {sum(r['target_met'] for r in rows)} of {len(rows)} runs. Numbers: `benchmarks/results/grape.json`.",
+    ])
+    print("\n" + body)
+    if args.write is not None:
+        write_section(args.write, SECTION, body)
+        print(f"\nwrote {args.write}")
+
+
+if __name__ == "__main__":
+    main()

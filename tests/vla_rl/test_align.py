@@ -1,0 +1,153 @@
+"""``vla-rl align`` at toy size: rounds write their data, train TPO, report; resume after a kill between rounds;
+bad input gets one clear line."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from vla_rl.cli import run
+
+torch.set_num_threads(1)
+TOY = ["--smoke", "true", "--env.num_envs", "4", "--env.image_size", "32", "--env.max_episode_steps", "12", "--rounds", "2", "--states_per_round", "2",
+       "--grape.min_samples", "2", "--grape.max_samples", "3", "--grape.require_both_outcomes", "false",
+       "--eval_episodes", "4", "--round_eval_episodes", "4", "--tpo.lr", "1e-3", "--tpo.epochs", "1",
+       "--logging.wandb", "false", "--logging.tensorboard", "false"]
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_file(run_dir / "checkpoints" / latest / "policy" / "model.safetensors")
+
+
+def test_align_toy_run_on_mujoco_writes_rounds_trains_and_reports(tmp_path: Path):
+    out = tmp_path / "run"
+    summary = run(["align", "--preset", "align_efficiency", *TOY, "--rounds", "1", "--run_dir", str(out)])
+    assert summary["objective"] == "efficiency" and [r["round"] for r in summary["per_round"]] == [0, 1]
+    for k, row in enumerate(summary["per_round"][1:]):
+        rd = out / "rounds" / f"round_{k:03d}"
+        assert row["trajectories"] == 4 and row["pairs"] == 2  # 2 states x 2 samples, one pair each
+        assert row["update"]["pairs"] == 2.0 and "tpo_loss" in row["update"]
+        pairs = pd.read_parquet(rd / "pairs.parquet")
+        assert len(pairs) == 2 and (pairs.chosen_score > pairs.rejected_score).all()
+        assert {"chosen_cost_episode_steps", "rejected_cost_path_length"} <= set(pairs.columns)
+        from sim.dataset import load_dataset
+
+        ds = load_dataset(rd / "trajectories")
+        assert ds.meta.total_episodes == 4 and "observation.images.front" in ds.meta.features
+        assert ds.meta.total_frames == sum(1 for _ in range(len(ds)))
+    report = json.loads((out / "report.json").read_text())
+    assert report["after"]["episodes"] == 4 and "path_length" in report["before"]["costs"]
+    md = (out / "report.md").read_text()
+    assert "collision rate" in md and "mean steps of successes" in md and "chosen.mp4" in md
+    assert (out / "videos" / "chosen.mp4").stat().st_size > 0 and (out / "videos" / "rejected.mp4").exists()
+    assert (out / "plots" / "success.png").exists() and (out / "plots" / "costs.png").exists()
+
+
+def test_resume_after_a_kill_between_rounds_matches_an_uninterrupted_run(tmp_path: Path, monkeypatch):
+    import vla_rl.commands.align as align
+
+    args = [*TOY, "--env.obs_mode", "state", "--env.wrist_camera", "false", "--save_dataset", "false"]
+    full = tmp_path / "full"
+    run(["align", *args, "--run_dir", str(full)])
+
+    real = align._one_round
+
+    def killed(run_, k, *a, **kw):
+        if k == 1:
+            raise KeyboardInterrupt  # the process dies after round 1's checkpoint
+        return real(run_, k, *a, **kw)
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(align, "_one_round", killed)
+    with pytest.raises(SystemExit):
+        run(["align", *args, "--run_dir", str(cut)])
+    assert (cut / "checkpoints" / "iter_000001").exists() and not (cut / "checkpoints" / "iter_000002").exists()
+    monkeypatch.setattr(align, "_one_round", real)
+    with pytest.raises(SystemExit):  # the folder holds a run: resuming must be asked for
+        run(["align", *args, "--run_dir", str(cut)])
+    resumed = run(["align", *args, "--run_dir", str(cut), "--resume", "true"])
+    assert [r["round"] for r in resumed["per_round"]] == [0, 1, 2]
+    a, b = _weights(full), _weights(cut)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((full / "report.json").read_text())["after"] == resumed["after"]
+
+
+def test_a_round_without_pairs_is_reported_and_skipped(tmp_path: Path, capsys):
+    i = TOY.index("--grape.require_both_outcomes")
+    args = TOY[:i] + TOY[i + 2 :]  # GRAPE's default: pair only states with successes and failures
+    summary = run(["align", *args, "--rounds", "1", "--env.obs_mode", "state", "--env.wrist_camera", "false",
+                   "--save_dataset", "false", "--run_dir", str(tmp_path / "r")])
+    row = summary["per_round"][1]
+    assert row["skipped"] and row["pairs"] == 0 and row["trajectories"] == 6  # the smoke policy never succeeds
+    assert "round 1: no pair" in capsys.readouterr().out
+
+
+def test_unknown_cost_term_lists_the_valid_ones(capsys):
+    with pytest.raises(SystemExit) as exc:
+        run(["align", "--grape.score.costs", "{colision: 1.0}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown cost term(s) 'colision'" in err and "valid cost terms: collision, table_force" in err
+
+
+def test_stage_wise_scoring_on_a_task_without_stages_names_the_task():
+    from sim.vector import SerialVecEnv
+    from tests.sim.toy_env import CounterEnv
+    from vla_rl.grape import ScoreConfig, check_scoring
+
+    with SerialVecEnv([functools.partial(CounterEnv, signals=True)] * 2, "toy/counter") as env:
+        assert check_scoring(env, ScoreConfig(costs={"episode_steps": 0.1}, stagewise=False), 0) == [
+            "episode_steps", "action_jerk"]
+        with pytest.raises(ValueError, match="task toy/counter declares no stage predicates"):
+            check_scoring(env, ScoreConfig(costs={"episode_steps": 0.1}), 0)
+        with pytest.raises(ValueError, match=r"toy/counter does not report the signals of \['collision'\]"):
+            check_scoring(env, ScoreConfig(costs={"collision": 0.1}, stagewise=False), 0)
+
+
+def _backend_toy(tmp_path: Path, name: str, *args: str) -> dict:
+    """One toy round whose two trajectories of one state are paired by score (no success needed)."""
+    base = ["--smoke", "true", "--env.num_envs", "2", "--rounds", "1", "--states_per_round", "1",
+            "--grape.min_samples", "2", "--grape.max_samples", "2", "--grape.require_both_outcomes", "false",
+            "--eval_episodes", "2", "--run_dir", str(tmp_path / name), "--logging.wandb", "false",
+            "--logging.tensorboard", "false"]
+    summary = run(["align", *base, *args])
+    row = summary["per_round"][1]
+    assert row["trajectories"] == 2 and row["pairs"] == 1 and row["update"]["pairs"] == 1.0
+    assert (tmp_path / name / "rounds" / "round_000" / "pairs.parquet").exists()
+    return summary
+
+
+@pytest.mark.slow
+def test_align_toy_run_on_maniskill_pickcube(tmp_path: Path):
+    pytest.importorskip("mani_skill")
+    s = _backend_toy(tmp_path, "maniskill", "--env.id", "maniskill/PickCube-v1", "--env.obs_mode", "state",
+                     "--env.max_episode_steps", "10", "--env.num_workers", "0", "--save_dataset", "false",
+                     "--grape.score.stagewise", "false",  # ManiSkill's tasks report no stage predicates (docs/sim.md)
+                     "--grape.score.costs", "{episode_steps: 0.01, joint_limit: 0.01, action_jerk: 0.001}")
+    assert set(s["after"]["costs"]) == {"episode_steps", "joint_limit", "action_jerk"}
+
+
+@pytest.mark.slow
+def test_align_toy_run_on_libero_with_tiny_pi0(tmp_path: Path):
+    pytest.importorskip("libero")
+    pytest.importorskip("lerobot.policies.pi0")
+    _backend_toy(tmp_path, "libero", "--policy.type", "pi0", "--env.id", "libero/libero_object/0",
+                 "--env.max_episode_steps", "8", "--grape.score.stagewise", "false",
+                 "--grape.score.costs", "{episode_steps: 0.01, action_jerk: 0.001}")
+    from sim.dataset import load_dataset
+
+    assert load_dataset(tmp_path / "libero" / "rounds" / "round_000" / "trajectories").meta.total_episodes == 2
+
+
+@pytest.mark.slow
+def test_align_toy_run_with_the_autoregressive_policy(tmp_path: Path):
+    _backend_toy(tmp_path, "ar", "--preset", "align_task", "--policy.type", "openvla-style", "--env.image_size", "32",
+                 "--env.max_episode_steps", "8", "--save_dataset", "false")

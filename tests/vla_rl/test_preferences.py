@@ -1,0 +1,66 @@
+"""GRAPE's pairing and scoring on hand-built trajectories, and the pairs table."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from vla_rl.data.preferences import Trajectory, select_pairs, write_pairs_table
+from vla_rl.grape import ScoreConfig, score_trajectory
+
+
+def _t(tid: int, state: int, score: float, success: bool, **costs: list[float]) -> Trajectory:
+    return Trajectory(id=tid, state=state, seed=100 + state, obs={}, actions=torch.zeros(1, 1, 1), extras={},
+                      logp=torch.zeros(1), success=success, steps=10, costs={k: sum(v) for k, v in costs.items()},
+                      stage_costs=costs, score=score)
+
+
+def test_top_m_are_paired_with_bottom_m_per_state_and_single_outcome_states_give_none():
+    trajs = [_t(0, 0, 5.2, True), _t(1, 0, 0.3, False), _t(2, 0, 5.9, True), _t(3, 0, 0.1, False), _t(4, 0, 0.2, False),
+             _t(5, 1, 5.0, True), _t(6, 1, 5.5, True),  # all successes: no pair
+             _t(7, 2, 0.1, False), _t(8, 2, 5.0, True)]
+    one = select_pairs(trajs, m=1)
+    assert [(p.state, p.chosen.id, p.rejected.id) for p in one] == [(0, 2, 3), (2, 8, 7)]
+    two = select_pairs(trajs, m=2)
+    assert [(p.chosen.id, p.rejected.id) for p in two if p.state == 0] == [(2, 3), (0, 4)]
+    assert [p.state for p in two].count(2) == 1  # two trajectories make one pair at most
+    with pytest.raises(ValueError, match="pairs per state must be >= 1"):
+        select_pairs(trajs, m=0)
+
+
+def test_score_is_grapes_formula_with_stage_wise_thresholds():
+    score = ScoreConfig(lam_self=0.01, lam_ext=1.0, lam_success=5.0, costs={"collision": 0.5, "episode_steps": 0.01},
+                        thresholds={"episode_steps": 4.0}, min_prob=0.05)
+    t = _t(0, 0, 0.0, True, collision=[1.0, 0.0, 2.0], episode_steps=[3.0, 6.0, 5.0])
+    t.logp = torch.tensor([-0.1, -10.0, 0.7])  # clipped to [log 0.05, 0]
+    got = score_trajectory(t, score)
+    log_r_self = -0.1 + math.log(0.05) + 0.0
+    penalty = 0.5 * (1 + 0 + 2) + 0.01 * (0 + 2 + 1)
+    assert got == pytest.approx(0.01 * log_r_self + math.exp(-penalty) + 5.0)
+    assert t.score == got and t.score_parts["r_ext"] == pytest.approx(math.exp(-penalty))
+
+
+def test_unknown_cost_in_the_score_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown cost term.*'colisions'.*valid cost terms: collision"):
+        ScoreConfig(costs={"colisions": 0.1})
+
+
+def test_pairs_table_round_trips(tmp_path):
+    trajs = [_t(0, 0, 5.0, True, collision=[0.0]), _t(1, 0, 0.5, False, collision=[2.0])]
+    for t in trajs:
+        t.score_parts = {"log_r_self": -1.0, "r_ext": 0.5, "success": float(t.success)}
+    path = write_pairs_table(tmp_path / "pairs.parquet", select_pairs(trajs, 1), ["collision"])
+    df = pd.read_parquet(path)
+    assert df.loc[0, "chosen_id"] == 0 and df.loc[0, "rejected_id"] == 1
+    assert df.loc[0, "rejected_cost_collision"] == 2.0 and df.loc[0, "chosen_r_ext"] == 0.5
+    assert len(pd.read_parquet(write_pairs_table(tmp_path / "none.parquet", [], ["collision"]))) == 0
+
+
+def test_single_outcome_states_pair_by_score_when_both_outcomes_are_not_required():
+    trajs = [_t(0, 1, 5.0, True), _t(1, 1, 5.5, True), _t(2, 1, 5.5, True)]
+    assert select_pairs(trajs, 1) == []
+    pairs = select_pairs(trajs, 1, require_both_outcomes=False)
+    assert [(p.chosen.id, p.rejected.id) for p in pairs] == [(1, 0)]

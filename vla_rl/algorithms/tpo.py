@@ -1,0 +1,144 @@
+"""TPO: GRAPE's trajectory-wise preference optimization, as a learner.
+
+Each round gives the learner pairs of whole trajectories of one initial state (chosen, rejected; see
+:mod:`vla_rl.data.preferences` and :mod:`vla_rl.grape`). :meth:`TPOLearner.update` first scores every
+paired trajectory under the policy as it is at the start of the round, the frozen reference
+``pi_ref``, then minimizes :func:`vla_rl.algorithms.losses.tpo_loss` over the pairs for
+``epochs`` passes. ``log pi(tau)`` is the sum over the trajectory's decisions of the policy's
+log-prob of its recorded sample (:func:`vla_rl.data.preferences.trajectory_logp`), the same for every
+policy kind: the compact flow policy and the LeRobot pi0 / pi0.5 / SmolVLA adapters re-score the
+recorded denoising chain (Flow-SDE / Flow-Noise), the autoregressive policy its action tokens.
+
+The learner needs :attr:`Needs.PREFERENCES`: ``vla-rl align`` samples, scores and pairs; inside
+``vla-rl train --algo.type tpo`` the learner samples one GRAPE round itself per iteration with
+its own default scoring (:func:`vla_rl.grape.preference_round`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from policies.base import Policy
+from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
+from vla_rl.algorithms.losses import tpo_loss
+from vla_rl.data.preferences import PreferencePair, trajectory_logp
+
+
+@dataclass
+class TPOConfig(LearnerConfig):
+    """GRAPE's trajectory-wise preference optimization (ALGORITHMS.md, GRAPE)."""
+
+    beta: float = 0.1
+    """Inverse temperature of the preference loss (GRAPE: 0.1)."""
+    lr: float = 1e-5
+    """Learning rate of the policy parameters (AdamW)."""
+    epochs: int = 4
+    """Passes over a round's pairs."""
+    pairs_per_step: int = 4
+    """Pairs per gradient step."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip of the policy parameters."""
+    states_per_iter: int = 4
+    """``vla-rl train --algo.type tpo`` only: initial states sampled per iteration (``vla-rl align`` has its own)."""
+    seed: int = 0
+    """Seed of the pair shuffling."""
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"algo.beta must be > 0, got {self.beta}")
+        for name in ("epochs", "pairs_per_step", "states_per_iter"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"algo.lr must be > 0, got {self.lr}")
+
+    def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
+        return dataclasses.replace(self, epochs=1, states_per_iter=1), min(num_envs, limits.max_envs)
+
+
+@register_learner("tpo", TPOConfig, help="GRAPE trajectory-wise preference optimization over paired rollouts")
+class TPOLearner(Learner):
+    """TPO on a round's preference pairs against the policy at the round's start (see the module doc)."""
+
+    needs = Needs.PREFERENCES
+    uses_critic = False
+    cfg: TPOConfig
+
+    def __init__(self, cfg: TPOConfig, policy: Policy) -> None:
+        super().__init__(cfg, policy)
+        self.optimizer = torch.optim.AdamW(policy.actor_parameters(), lr=cfg.lr, weight_decay=0.0)
+        self._gen = torch.Generator().manual_seed(cfg.seed)
+
+    def collect(self, inputs: IterationInputs) -> list[PreferencePair]:
+        """The iteration's pairs: ``inputs.data`` when it holds pairs, else one GRAPE round sampled here.
+
+        Raises:
+            ValueError: with neither pairs nor a rollout engine.
+        """
+        if isinstance(inputs.data, list):
+            return inputs.data
+        if inputs.engine is None:
+            raise ValueError("tpo: no preference pairs and no env to sample them from")
+        from vla_rl.grape import GrapeSettings, preference_round
+
+        seeds = [inputs.seed_base + i for i in range(self.cfg.states_per_iter)]
+        return preference_round(inputs.engine, seeds, GrapeSettings()).pairs
+
+    @torch.no_grad()
+    def reference_logps(self, pairs: list[PreferencePair]) -> dict[int, torch.Tensor]:
+        """``log pi_ref(tau)`` of every paired trajectory (by ``id(trajectory)``) under the current policy."""
+        out: dict[int, torch.Tensor] = {}
+        for p in pairs:
+            for t in (p.chosen, p.rejected):
+                if id(t) not in out:
+                    out[id(t)] = trajectory_logp(self.policy, t).detach()
+        return out
+
+    def update(self, batch: list[PreferencePair]) -> dict[str, float]:
+        """``epochs`` passes of :func:`tpo_loss` over ``batch`` (shuffled, ``pairs_per_step`` per step).
+
+        Returns the mean of each loss statistic over the last epoch (``tpo_loss``, ``reward_margin``,
+        ``accuracy``, ...) and ``pairs``; an empty batch returns ``{"pairs": 0}`` and changes nothing.
+        """
+        self.iteration += 1
+        if not batch:
+            return {"pairs": 0.0}
+        was_training = self.policy.training
+        self.policy.eval()  # deterministic re-scoring: the reference and the policy see the same network
+        ref = self.reference_logps(batch)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        last: dict[str, list[float]] = {}
+        for _ in range(self.cfg.epochs):
+            last = {}
+            order = torch.randperm(len(batch), generator=self._gen).tolist()
+            for a in range(0, len(order), self.cfg.pairs_per_step):
+                pairs = [batch[i] for i in order[a : a + self.cfg.pairs_per_step]]
+                lc = torch.stack([trajectory_logp(self.policy, p.chosen) for p in pairs])
+                lr = torch.stack([trajectory_logp(self.policy, p.rejected) for p in pairs])
+                rc = torch.stack([ref[id(p.chosen)] for p in pairs]).to(lc)
+                rr = torch.stack([ref[id(p.rejected)] for p in pairs]).to(lr)
+                loss, stats = tpo_loss(lc, lr, rc, rr, self.cfg.beta)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+                self.optimizer.step()
+                for k, v in stats.items():
+                    last.setdefault(k, []).append(float(v))
+        self.policy.train(was_training)
+        out = {k: sum(v) / len(v) for k, v in last.items()}
+        out["pairs"] = float(len(batch))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        out = super().state_dict()
+        out["generator"] = self._gen.get_state()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "generator" in state:
+            self._gen.set_state(state["generator"])

@@ -1,0 +1,178 @@
+"""What ``vla-rl align`` writes per round and per run: the round's LeRobotDataset and trajectory file,
+evaluation summaries, plots, videos of a chosen and a rejected trajectory, and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sim.core import EnvSpec
+from sim.dataset import EpisodeRecorder
+from sim.video import VideoWriter
+from vla_core.manifest import fsync_dir, fsync_file
+from vla_rl.data.preferences import PreferencePair, Trajectory
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON at ``path`` atomically (tmp, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=float))
+    fsync_file(tmp)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_round_dataset(root: Path, trajs: Sequence[Trajectory], spec: EnvSpec, fps: float, round_index: int) -> Path:
+    """The round's trajectories as a LeRobotDataset v3 at ``root`` (one frame per decision, atomically).
+
+    Each frame holds the decision observation, ``action`` (the chunk's first action), ``action.chunk`` (the
+    whole chunk, flattened), ``next.success`` on the last frame of a successful trajectory, and
+    ``grape.trajectory`` / ``grape.state`` / ``grape.score`` (the trajectory's id, initial state and score).
+    """
+    if root.exists():  # a finished dataset of this round (a resumed run redoes an interrupted round only)
+        return root
+    h, a = trajs[0].actions.shape[1:]
+    extra = {
+        "action.chunk": {"dtype": "float32", "shape": (h * a,), "names": None},
+        "grape.trajectory": {"dtype": "int64", "shape": (1,), "names": None},
+        "grape.state": {"dtype": "int64", "shape": (1,), "names": None},
+        "grape.score": {"dtype": "float32", "shape": (1,), "names": None},
+    }
+    rec = EpisodeRecorder(root, f"local/grape-round-{round_index}", spec, max(1, round(fps)), extra_features=extra)
+    for t in trajs:
+        for d in range(t.decisions):
+            rec.add_frame(t.obs, t.actions[d, 0], 0.0, t.success and d == t.decisions - 1, index=d,
+                          **{"action.chunk": t.actions[d].reshape(-1).float().numpy(),
+                             "grape.trajectory": np.array([t.id]), "grape.state": np.array([t.state]),
+                             "grape.score": np.array([t.score], np.float32)})
+        rec.save_episode()
+    return rec.finalize()
+
+
+def save_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
+    """Everything needed to re-train from the round (observations, sampler extras, scores), atomically."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save([vars(t) for t in trajs], tmp)
+    fsync_file(tmp)
+    os.replace(tmp, path)
+
+
+def load_trajectories(path: Path) -> list[Trajectory]:
+    """:func:`save_trajectories`' list back as :class:`Trajectory` objects."""
+    return [Trajectory(**row) for row in torch.load(path, weights_only=False)]
+
+
+def trajectory_video(path: Path, traj: Trajectory, image_keys: list[str], fps: float) -> Path | None:
+    """An MP4 of one trajectory's decision observations (cameras side by side); None without cameras."""
+    if not image_keys:
+        return None
+    writer = VideoWriter(path, fps)
+    for d in range(traj.decisions):
+        writer.add_obs({k: traj.obs[k][d : d + 1] for k in image_keys}, image_keys, max_envs=1)
+    return writer.close()
+
+
+def pair_videos(out_dir: Path, pairs: Sequence[PreferencePair], image_keys: list[str], fps: float) -> dict[str, str]:
+    """Videos of the chosen and the rejected trajectory of the first pair (one state)."""
+    if not pairs or not image_keys:
+        return {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    p = pairs[0]
+    videos = {}
+    for tag, t in (("chosen", p.chosen), ("rejected", p.rejected)):
+        made = trajectory_video(out_dir / f"{tag}.mp4", t, image_keys, fps)
+        if made is not None:
+            videos[f"{tag} (state {p.state}, score {t.score:.2f}, success {t.success})"] = str(made)
+    return videos
+
+
+def round_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """``success.png`` (success per round with its 95% interval) and ``costs.png`` (each cost's mean per round)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    evals = [r for r in rows if r.get("eval") is not None]
+    if not evals:
+        return []
+    xs = [r["round"] for r in evals]
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ys = [r["eval"]["success"] for r in evals]
+    lo = [y - r["eval"]["success_ci"][0] for y, r in zip(ys, evals)]
+    hi = [r["eval"]["success_ci"][1] - y for y, r in zip(ys, evals)]
+    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label="success (95% CI)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("round (0 = before alignment)")
+    ax.set_title("Success per round")
+    ax.grid(alpha=0.3)
+    written.append(_save(fig, out_dir / "success.png"))
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    for cost in evals[0]["eval"]["costs"]:
+        ax.plot(xs, [r["eval"]["costs"][cost] for r in evals], marker="o", label=cost)
+    if "collision_rate" in evals[0]["eval"]:
+        ax.plot(xs, [r["eval"]["collision_rate"] for r in evals], marker="s", ls="--", label="collision rate")
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_xlabel("round (0 = before alignment)")
+    ax.set_title("Cost means per episode")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    written.append(_save(fig, out_dir / "costs.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def write_align_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]], plots: list[Path],
+                       videos: dict[str, str]) -> Path:
+    """``report.json`` (``summary``) and ``report.md``: success per round with intervals, costs before / after,
+    collision rate, mean steps of successes, plots and videos."""
+    write_json(run_dir / "report.json", summary)
+    b, a = summary["before"], summary["after"]
+    lines = [f"# {summary['name']}", "",
+             f"GRAPE alignment (`{summary['objective']}` objective) of `{summary['policy']}` on `{summary['env_id']}`, "
+             f"seed {summary['seed']}, {summary['rounds']} rounds, {summary['env_steps']} env steps, "
+             f"{summary['wall_seconds']:.0f} s wall-clock.", "",
+             "| round | success | 95% CI | episodes | trajectories | pairs | states without a pair |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ev = r.get("eval")
+        cells = (f"{ev['success']:.3f} | {ev['success_ci'][0]:.3f}-{ev['success_ci'][1]:.3f} | {ev['episodes']}"
+                 if ev else "- | - | -")
+        lines.append(f"| {r['round']} | {cells} | {r.get('trajectories', '-')} | {r.get('pairs', '-')} | "
+                     f"{r.get('unpaired_states', '-')} |")
+    lines += ["", "| measure | before | after |", "|---|---|---|"]
+    lines.append(f"| success | {b['success']:.3f} | {a['success']:.3f} |")
+    if "collision_rate" in b:
+        lines.append(f"| collision rate (episodes) | {b['collision_rate']:.3f} | {a['collision_rate']:.3f} |")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines.append(f"| mean steps of successes | {fmt(b['mean_steps_success'])} | {fmt(a['mean_steps_success'])} |")
+    for cost in b["costs"]:
+        lines.append(f"| cost `{cost}` (mean per episode) | {b['costs'][cost]:.4f} | {a['costs'][cost]:.4f} |")
+    skipped = [r["round"] for r in rows if r.get("skipped")]
+    if skipped:
+        lines += ["", f"Rounds without a pair (all successes or all failures per state), skipped: {skipped}."]
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]
+    if videos:
+        lines += ["", "## Videos", ""] + [f"- {k}: `{Path(v).relative_to(run_dir)}`" for k, v in videos.items()]
+    md = run_dir / "report.md"
+    tmp = md.with_name(".report.md.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, md)
+    return md

@@ -1,0 +1,334 @@
+"""``vla-rl align``: GRAPE preference alignment in rounds of sample -> score -> pair -> train (TPO) -> evaluate.
+
+    vla-rl align --preset align_task --policy.path runs/quickstart-mujoco-pick-any-s0/sft_policy
+    vla-rl align --preset align_safety --policy.path ... --grape.score.costs '{collision: 2.0}'
+
+Each round samples the current policy with exploration from ``states_per_round`` seeded initial
+states until each state has successes and failures (``grape.min_samples`` .. ``grape.max_samples``),
+scores every trajectory (``R = lam_self log R_self + lam_ext R_ext + lam_success success``, costs
+per task stage from the env's privileged signals), pairs the top-m with the bottom-m per state and
+trains TPO against the policy of the round's start (:mod:`vla_rl.grape`,
+:mod:`vla_rl.algorithms.tpo`). The run folder gets, per round, ``rounds/round_<k>/`` with the
+trajectories as a LeRobotDataset (``trajectories/``), everything needed to re-train from them
+(``trajectories.pt``), the pairs table (``pairs.parquet``) and ``round.json``; a checkpoint after
+every round (``--resume true`` continues after the last finished round); and the report
+(``report.md`` / ``report.json``, plots, videos of a chosen and a rejected trajectory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import draccus
+import torch
+from tqdm import tqdm
+
+from policies.base import ActMode
+from policies.io import checkpoint_cameras
+from policies.loading import load_policy
+from rewards import RewardConfig
+from vla_rl import checkpoint as ckpt
+from vla_rl.algorithms.base import LearnerConfig
+from vla_rl.algorithms.tpo import TPOConfig, TPOLearner
+from vla_rl.align_report import (
+    pair_videos,
+    round_plots,
+    save_trajectories,
+    write_align_report,
+    write_json,
+    write_round_dataset,
+)
+from vla_rl.commands import COMMANDS
+from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
+from vla_rl.data.preferences import write_pairs_table
+from vla_rl.grape import GrapeSettings, check_scoring, preference_round, run_episodes, summarize
+from vla_rl.policy_factory import build_policy
+from vla_rl.rollout import RolloutEngine
+from vla_rl.run_logging import LoggingConfig, RunLogger
+from vla_rl.train_config import EVAL_SEED_BASE, POLICY_CHOICES, SEED_BLOCK, TRAIN_SEED_STRIDE, PolicyConfig, policy_type
+from vla_rl.trainer import seed_everything
+
+OBJECTIVES = ("task", "safety", "efficiency", "custom")
+
+
+def _align_env() -> EnvConfig:
+    return EnvConfig(id="mujoco/pick-any", num_envs=8, obs_mode="rgb", num_workers=0, wrist_camera=True)
+
+
+def _align_policy() -> PolicyConfig:
+    return POLICY_CHOICES["compact-flow"]()
+
+
+@dataclass
+class AlignConfig:
+    """``vla-rl align``: GRAPE preference alignment (see the module doc)."""
+
+    env: EnvConfig = field(default_factory=_align_env)
+    """The env the policy is sampled and evaluated in."""
+    policy: PolicyConfig = field(default_factory=_align_policy)
+    """The policy to align: ``--policy.path`` a checkpoint (the quickstart's ``sft_policy``), or a fresh one."""
+    grape: GrapeSettings = field(default_factory=GrapeSettings)
+    """Sampling per state, pairing and the score (weights ``grape.score.lam_*``, costs ``grape.score.costs``)."""
+    tpo: LearnerConfig = field(default_factory=TPOConfig)
+    """The TPO update (``beta``, ``lr``, ``epochs``, ``pairs_per_step``); ``type`` must stay ``tpo``."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    objective: str = "custom"
+    """A label for the run (``task``, ``safety``, ``efficiency``: the presets ``configs/align_<objective>.yaml``
+    set it with their weights; ``custom`` otherwise)."""
+    rounds: int = 3
+    """Rounds of sample -> score -> pair -> train -> evaluate."""
+    states_per_round: int = 8
+    """Seeded initial states sampled per round."""
+    eval_episodes: int = 100
+    """Held-out episodes of the evaluations before the first and after the last round."""
+    round_eval_episodes: int = 0
+    """Held-out episodes of the evaluation after each other round; 0 = none between the first and the last."""
+    exec_steps: int = 0
+    """Actions of each chunk executed per decision; 0 = the whole chunk."""
+    save_dataset: bool = True
+    """Write each round's trajectories as a LeRobotDataset (images as PNG: takes a while on large rounds)."""
+    seed: int = 0
+    """Seed of everything; round ``k`` samples initial states ``seed * 1e6 + k * 1000 + i``, evaluation uses
+    ``1e9 + seed * 1e6 + i``."""
+    smoke: bool = False
+    """A CPU smoke run: a fresh policy is its tiny variant (hub checkpoints are not downloaded) and the sizes
+    shrink to at most 4 envs, 2 states per round, 2-3 samples per state and 4 evaluation episodes."""
+    name: str = ""
+    """Run name; empty = ``align-<objective>-<env>-s<seed>``."""
+    run_dir: str = ""
+    """Run folder; empty = ``runs/<name>``."""
+    resume: bool = False
+    """Continue a run in ``run_dir`` after its last finished round (``--rounds`` may be raised)."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        for name in ("rounds", "states_per_round", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.tpo, TPOConfig):
+            raise ValueError(f"tpo.type must be 'tpo' (vla-rl align trains TPO), got {self.tpo.type!r}")
+        if self.round_eval_episodes < 0:
+            raise ValueError(f"round_eval_episodes must be >= 0, got {self.round_eval_episodes}")
+
+
+def _smoke(cfg: AlignConfig) -> AlignConfig:
+    """``cfg`` shrunk for ``--smoke true`` (see the field's doc)."""
+    grape = dataclasses.replace(cfg.grape, min_samples=min(cfg.grape.min_samples, 2),
+                                max_samples=min(cfg.grape.max_samples, 3))
+    return dataclasses.replace(
+        cfg, env=dataclasses.replace(cfg.env, num_envs=min(cfg.env.num_envs, 4)), grape=grape,
+        states_per_round=min(cfg.states_per_round, 2), eval_episodes=min(cfg.eval_episodes, 4),
+        round_eval_episodes=min(cfg.round_eval_episodes, 4))
+
+
+def _round_seeds(cfg: AlignConfig, k: int) -> list[int]:
+    base = cfg.seed * SEED_BLOCK + k * TRAIN_SEED_STRIDE
+    return [base + i for i in range(cfg.states_per_round)]
+
+
+def _eval_seeds(cfg: AlignConfig, n: int) -> list[int]:
+    return [EVAL_SEED_BASE + cfg.seed * SEED_BLOCK + i for i in range(n)]
+
+
+class _Run:
+    """One alignment run: env, engines, policy, learner, folders (see :func:`run_align`)."""
+
+    def __init__(self, cfg: AlignConfig, run_dir: Path) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.rounds_dir = run_dir / "rounds"
+
+    def evaluate(self, engine: RolloutEngine, episodes: int, costs: list[str]) -> dict[str, Any]:
+        """Deterministic episodes on held-out seeds, on their own RNG stream (the same noise for every policy)."""
+        seeds = _eval_seeds(self.cfg, episodes)
+        max_dec = -(-engine.env.spec.max_episode_steps // engine.exec_steps) + 1
+        b = engine.env.num_envs
+        trajs = []
+        with torch.random.fork_rng(), tqdm(total=episodes, desc="eval", unit="ep", leave=False) as bar:
+            torch.manual_seed(seeds[0])
+            for i in range(0, episodes, b):  # a batch of envs at a time, for the progress bar
+                trajs += run_episodes(engine, seeds[i : i + b], ActMode.EVAL, costs, False, max_dec, first_id=i)
+                bar.update(len(seeds[i : i + b]))
+        engine.policy.reset()
+        return summarize(trajs, costs)
+
+
+def run_align(cfg: AlignConfig) -> dict[str, Any]:
+    """Run the rounds (module doc); returns the ``report.json`` content.
+
+    Raises:
+        FileExistsError: when ``run_dir`` holds a run and ``--resume`` is not given.
+        ConfigError: for a cost the env cannot report, or stage-wise scoring on a task without stages.
+    """
+    t_start = time.perf_counter()
+    if cfg.smoke:
+        cfg = _smoke(cfg)
+    name = cfg.name or f"align-{cfg.objective}-{cfg.env.id.replace('/', '-')}-s{cfg.seed}"
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / name
+    run = _Run(cfg, run_dir)
+    resume_from = ckpt.resume_checkpoint(run.ckpt_dir) if cfg.resume else None
+    if not cfg.resume and run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(f"{run_dir} already holds a run; pass --resume true or another --name/--run_dir")
+    if cfg.env.wrist_camera and not cfg.env.has_optional_wrist_camera():
+        print(f"note: {cfg.env.id} has no optional wrist camera; using its default cameras")
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, wrist_camera=False))
+        run.cfg = cfg
+    env_cfg = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path) \
+        if cfg.policy.path else cfg.env
+    seed_everything(cfg.seed)
+    env = env_cfg.make()
+    eval_env = None
+    try:
+        try:
+            costs = check_scoring(env, cfg.grape.score, cfg.seed)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        eval_env = env_cfg.make(seed=EVAL_SEED_BASE + cfg.seed * SEED_BLOCK)
+        if resume_from is not None:
+            policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)
+        elif cfg.policy.path:
+            policy = load_policy(cfg.policy.path)
+        else:
+            policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
+        learner = TPOLearner(cfg.tpo, policy)
+        reward = RewardConfig(terms={"env": 1.0, **dict.fromkeys(costs, 0.0)})  # costs recorded, reward unchanged
+        engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=False, reward=reward)
+        eval_engine = RolloutEngine(eval_env, policy, cfg.exec_steps, use_critic=False, reward=reward)
+        start, env_steps, rows = 0, 0, []
+        if resume_from is not None:
+            state = ckpt.load_trainer_state(resume_from)
+            learner.load_state_dict(state["learner"])
+            ckpt.set_rng_state(state["rng"])
+            start, env_steps, rows = state["round"], state["env_steps"], json.loads(state["rows"])
+            print(f"resuming {run_dir} after round {start} from {resume_from}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        logger = RunLogger(run_dir, cfg.logging, json.loads(json.dumps(draccus.encode(cfg), default=str)),
+                           resume=resume_from is not None)
+        videos: dict[str, str] = {}
+        try:
+            if not rows:
+                print(f"evaluating the starting policy on {cfg.eval_episodes} held-out episodes", flush=True)
+                before = run.evaluate(eval_engine, cfg.eval_episodes, costs)
+                rows.append({"round": 0, "eval": before})
+                logger.log(0, _scalars(before))
+            for k in range(start, cfg.rounds):
+                row = _one_round(run, k, engine, learner, costs)
+                env_steps += row.pop("env_steps")
+                last = k == cfg.rounds - 1
+                episodes = cfg.eval_episodes if last else cfg.round_eval_episodes
+                row["eval"] = run.evaluate(eval_engine, episodes, costs) if episodes else None
+                row["env_steps_total"] = env_steps
+                rows.append(row)
+                logger.log(env_steps, {**({} if row["eval"] is None else _scalars(row["eval"])),
+                                       **{f"update/{a}": b for a, b in row["update"].items()}})
+                _print_round(row)
+                ckpt.save_checkpoint(run.ckpt_dir, k + 1, policy, {
+                    "learner": learner.state_dict(), "rng": ckpt.rng_state(), "iteration": k + 1, "round": k + 1,
+                    "env_steps": env_steps,
+                    "rows": json.dumps(rows)}, json.loads(json.dumps(draccus.encode(cfg), default=str)), keep_last=2)
+        finally:
+            logger.close()
+        fps = env.spec.control_freq / engine.exec_steps
+        for k in range(cfg.rounds - 1, -1, -1):  # videos of the last round that paired
+            pairs = _load_pairs(run.rounds_dir / f"round_{k:03d}")
+            if pairs:
+                videos = pair_videos(run_dir / "videos", pairs, env.spec.image_keys, fps)
+                break
+    finally:
+        env.close()
+        if eval_env is not None:
+            eval_env.close()
+    before, after = rows[0]["eval"], rows[-1]["eval"]
+    summary = {
+        "name": name, "env_id": cfg.env.id, "policy": policy_type(cfg.policy) if not cfg.policy.path else cfg.policy.path,
+        "objective": cfg.objective, "seed": cfg.seed, "rounds": cfg.rounds, "env_steps": env_steps,
+        "wall_seconds": time.perf_counter() - t_start, "before": before, "after": after,
+        "success_before": before["success"], "success_after": after["success"],
+        "success_before_ci": before["success_ci"], "success_after_ci": after["success_ci"],
+        "episodes_per_eval": after["episodes"], "per_round": rows,
+        "score": dataclasses.asdict(cfg.grape.score),
+    }
+    md = write_align_report(run_dir, summary, rows, round_plots(rows, run_dir / "plots"), videos)
+    print(f"report: {md}")
+    print(f"success {before['success']:.2f} -> {after['success']:.2f} over {after['episodes']} held-out episodes "
+          f"(after: 95% CI {after['success_ci'][0]:.2f}-{after['success_ci'][1]:.2f}); {summary['wall_seconds']:.0f} s")
+    return summary
+
+
+def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, costs: list[str]) -> dict[str, Any]:
+    """Sample, score, pair, write, train one round; its row of the report (without the evaluation)."""
+    cfg = run.cfg
+    steps_before = engine.total_env_steps
+    with tqdm(desc=f"round {k + 1}/{cfg.rounds} sampling", unit="traj", leave=False) as bar:
+        data = preference_round(engine, _round_seeds(cfg, k), cfg.grape, costs, progress=bar)
+    out = run.rounds_dir / f"round_{k:03d}"
+    out.mkdir(parents=True, exist_ok=True)
+    save_trajectories(out / "trajectories.pt", data.trajectories)
+    write_pairs_table(out / "pairs.parquet", data.pairs, costs)
+    if cfg.save_dataset:
+        fps = engine.env.spec.control_freq / engine.exec_steps
+        write_round_dataset(out / "trajectories", data.trajectories, engine.env.spec, fps, k)
+    row: dict[str, Any] = {
+        "round": k + 1, "trajectories": len(data.trajectories), "successes": sum(t.success for t in data.trajectories),
+        "pairs": len(data.pairs), "unpaired_states": len(data.unpaired_states),
+        "env_steps": engine.total_env_steps - steps_before,
+    }
+    if not data.pairs:
+        print(f"round {k + 1}: no pair (every state's {cfg.grape.max_samples} samples all succeeded or all failed); "
+              "training skipped")
+        row.update(skipped=True, update={})
+    else:
+        row.update(skipped=False, update=learner.update(data.pairs))
+    write_json(out / "round.json", row)
+    return row
+
+
+def _load_pairs(round_dir: Path) -> list[Any]:
+    """The pairs of a written round (trajectories re-linked by id), for the report's videos."""
+    from vla_rl.align_report import load_trajectories
+    from vla_rl.data.preferences import PreferencePair
+
+    if not (round_dir / "pairs.parquet").exists():
+        return []
+    import pandas as pd
+
+    table = pd.read_parquet(round_dir / "pairs.parquet")
+    if table.empty:
+        return []
+    by_id = {t.id: t for t in load_trajectories(round_dir / "trajectories.pt")}
+    return [PreferencePair(int(r.state), by_id[int(r.chosen_id)], by_id[int(r.rejected_id)])
+            for r in table.itertuples()]
+
+
+def _scalars(ev: dict[str, Any]) -> dict[str, float]:
+    out = {"eval/success": ev["success"], "eval/success_ci_low": ev["success_ci"][0],
+           "eval/success_ci_high": ev["success_ci"][1]}
+    out.update({f"eval/cost_{k}": v for k, v in ev["costs"].items()})
+    if "collision_rate" in ev:
+        out["eval/collision_rate"] = ev["collision_rate"]
+    if ev["mean_steps_success"] is not None:
+        out["eval/mean_steps_success"] = ev["mean_steps_success"]
+    return out
+
+
+def _print_round(row: dict[str, Any]) -> None:
+    line = (f"round {row['round']}: {row['trajectories']} trajectories ({row['successes']} successes), "
+            f"{row['pairs']} pairs")
+    if row["update"]:
+        line += f", tpo loss {row['update'].get('tpo_loss', float('nan')):.4f}, accuracy {row['update'].get('accuracy', 0):.2f}"
+    if row["eval"] is not None:
+        ev = row["eval"]
+        line += f"; eval success {ev['success']:.2f} ({ev['success_ci'][0]:.2f}-{ev['success_ci'][1]:.2f})"
+    print(line, flush=True)
+
+
+@COMMANDS.register("align", config=AlignConfig, help="GRAPE preference alignment: sample, score, pair, TPO, evaluate")
+def align(cfg: AlignConfig) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    return run_align(cfg)

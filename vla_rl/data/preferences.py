@@ -1,0 +1,138 @@
+"""Preference data for GRAPE: whole trajectories, their pairing and the per-round pairs table.
+
+A :class:`Trajectory` keeps what its log-likelihood needs (the decision observations and the policy's
+sampler extras: the denoising chain of a Flow-SDE / Flow-Noise policy, the action tokens of an
+autoregressive one) and what scoring needs (success, steps, cost totals per task stage).
+:func:`select_pairs` pairs the top-m with the bottom-m trajectories of each initial state;
+:func:`write_pairs_table` writes a round's pairs as a parquet table (scores, costs per term, chosen /
+rejected ids), atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from policies.base import Policy
+
+
+@dataclass
+class Trajectory:
+    """One episode of the policy from a seeded initial state.
+
+    Attributes:
+        id: index of the trajectory in its round.
+        state: index of its initial state in the round; ``seed`` the env seed that produced it.
+        obs: decision observations ``[T, ...]`` per key (``task``: ``T`` strings).
+        actions: ``[T, H, A]`` the chunks the policy chose.
+        extras: the policy's sampler extras ``[T, ...]`` (what :meth:`policies.Policy.evaluate` re-scores).
+        logp: ``[T]`` per-decision log-prob at sampling (summed over the policy's log-prob level).
+        success: whether the episode succeeded; ``steps``: env steps it took.
+        costs: cost term -> its total over the episode.
+        stage_costs: cost term -> ``[stages]`` its total over the steps spent in each stage (stage
+            progress 0, 1, ...; one entry when the task has no stages).
+        score: GRAPE's ``R(tau)`` once scored; ``score_parts``: its ``log_r_self``, ``r_ext``, ``success``.
+    """
+
+    id: int
+    state: int
+    seed: int
+    obs: dict[str, Any]
+    actions: Tensor
+    extras: dict[str, Tensor]
+    logp: Tensor
+    success: bool
+    steps: int
+    costs: dict[str, float]
+    stage_costs: dict[str, list[float]]
+    score: float = 0.0
+    score_parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def decisions(self) -> int:
+        return int(self.actions.shape[0])
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """A chosen (higher-scored) and a rejected trajectory of one initial state."""
+
+    state: int
+    chosen: Trajectory
+    rejected: Trajectory
+
+
+def trajectory_logp(policy: Policy, traj: Trajectory) -> Tensor:
+    """``log pi(tau)``: the sum over the trajectory's decisions of the policy's log-prob of its recorded sample.
+
+    Works for every policy kind: :meth:`policies.Policy.evaluate` re-scores the recorded denoising chain or
+    action tokens; its log-prob (at any level) is summed over everything but the decision. 0-dim, differentiable.
+    """
+    logp, _, _ = policy.evaluate(traj.obs, traj.extras)
+    return logp.reshape(logp.shape[0], -1).sum()
+
+
+def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: bool = True) -> list[PreferencePair]:
+    """Pair the top-``m`` with the bottom-``m`` trajectories of each initial state by ``score``.
+
+    Per state, trajectories are ranked by score (ties by id); pair ``i`` is (rank ``i`` from the top, rank
+    ``i`` from the bottom) for ``i < min(m, n // 2)``, kept only when the chosen one scores strictly higher.
+    A state whose trajectories all succeed or all fail gives no pair (GRAPE needs both) unless
+    ``require_both_outcomes`` is false.
+
+    Raises:
+        ValueError: if ``m < 1``.
+    """
+    if m < 1:
+        raise ValueError(f"pairs per state must be >= 1, got {m}")
+    by_state: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        by_state.setdefault(t.state, []).append(t)
+    pairs = []
+    for state in sorted(by_state):
+        group = by_state[state]
+        if require_both_outcomes and len({t.success for t in group}) < 2:
+            continue
+        ranked = sorted(group, key=lambda t: (-t.score, t.id))
+        for i in range(min(m, len(ranked) // 2)):
+            best, worst = ranked[i], ranked[-1 - i]
+            if best.score > worst.score:
+                pairs.append(PreferencePair(state, best, worst))
+    return pairs
+
+
+def pairs_rows(pairs: Sequence[PreferencePair], cost_names: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per pair: state, chosen / rejected ids, scores, successes, steps and each cost's totals."""
+    rows = []
+    for p in pairs:
+        row: dict[str, Any] = {"state": p.state, "seed": p.chosen.seed}
+        for side, t in (("chosen", p.chosen), ("rejected", p.rejected)):
+            row.update({f"{side}_id": t.id, f"{side}_score": t.score, f"{side}_success": t.success,
+                        f"{side}_steps": t.steps})
+            row.update({f"{side}_{k}": float(v) for k, v in t.score_parts.items()})
+            row.update({f"{side}_cost_{c}": float(t.costs.get(c, 0.0)) for c in cost_names})
+        rows.append(row)
+    return rows
+
+
+def write_pairs_table(path: str | Path, pairs: Sequence[PreferencePair], cost_names: Sequence[str]) -> Path:
+    """Write the pairs (:func:`pairs_rows`) as a parquet table at ``path``, atomically (tmp, fsync, rename)."""
+    import pandas as pd
+
+    from vla_core.manifest import fsync_dir, fsync_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    columns = None if pairs else ["state", "seed", "chosen_id", "rejected_id", "chosen_score", "rejected_score"]
+    pd.DataFrame(pairs_rows(pairs, cost_names), columns=columns).to_parquet(tmp, index=False)
+    fsync_file(tmp)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return path
