@@ -51,8 +51,8 @@ class EnvActor:
 
     def chunk(self, actions: np.ndarray) -> tuple[Any, ...]:
         """:func:`run_chunk` on ``actions [n, H, A]``: per-step results, then the obs and final obs of the slice."""
-        reward, flags, terms, texts = run_chunk(self.envs, actions, self.obs, self.final, 0)
-        return reward, flags, terms, texts, self.obs, self.final
+        reward, flags, terms, signals, texts = run_chunk(self.envs, actions, self.obs, self.final, 0)
+        return reward, flags, terms, signals, texts, self.obs, self.final
 
     def expert(self) -> list[np.ndarray]:
         return [e.expert_action() for e in self.envs]
@@ -142,43 +142,50 @@ class RayVecEnv(_Bookkeeping):
         self._last_obs = self._batch(self._obs)
         return self._last_obs
 
-    def _run(self, acts: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict]:
-        """Run ``acts [B, H, A]`` on every actor; gather per-step results ``[H, B]`` and the obs / final obs."""
+    def _run(self, acts: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray],
+                                                         dict[str, np.ndarray], dict]:
+        """Run ``acts [B, H, A]`` on every actor; gather per-step results ``[H, B]`` (reward, flags, reward terms,
+        privileged signals, new instructions) and the obs / final obs."""
         refs = [actor.chunk.remote(acts[a:b]) for actor, (a, b) in zip(self._actors, self._slices)]
         horizon, n = acts.shape[1], self.num_envs
         reward = np.zeros((horizon, n), np.float64)
         flags = np.zeros((3, horizon, n), bool)
         terms: dict[str, np.ndarray] = {}
+        signals: dict[str, np.ndarray] = {}
         texts: dict[tuple[int, int], str] = {}
         self._obs = {k: v.copy() for k, v in self._obs.items()}
-        for w, (r, f, t, tx, obs, final) in enumerate(self._get(refs, what)):
+        for w, (r, f, t, sg, tx, obs, final) in enumerate(self._get(refs, what)):
             a, b = self._slices[w]
             reward[:, a:b], flags[:, :, a:b] = r, f
             for name, v in t.items():
                 terms.setdefault(name, np.zeros((horizon, n), np.float32))[:, a:b] = v
+            for name, v in sg.items():
+                signals.setdefault(name, np.zeros((horizon, n), np.float32))[:, a:b] = v
             for h, j, text in tx:
                 texts[h, a + j] = text
             for k in self._obs:
                 self._obs[k][a:b], self._final[k][a:b] = obs[k], final[k]
-        return reward, flags, terms, texts
+        return reward, flags, terms, signals, texts
 
     def step(self, actions: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         acts = self.check_actions(actions).numpy()[:, None]
         before = list(self._instructions)
-        reward, flags, terms, texts = self._run(acts, "step")
+        reward, flags, terms, signals, texts = self._run(acts, "step")
         for (_, i), text in texts.items():
             self._instructions[i] = text
         term, trunc, success = flags[:, 0]
         return self._finish_step(reward[0].astype(np.float32), term.copy(), trunc.copy(), success.copy(),
-                                 {k: v[0].copy() for k, v in terms.items()} or None, self._batch(self._obs),
+                                 {k: v[0].copy() for k, v in terms.items()} or None,
+                                 {k: v[0].copy() for k, v in signals.items()} or None, self._batch(self._obs),
                                  self._obs, self._final, before if texts else None)
 
     def step_chunk(self, actions: torch.Tensor, record_obs: bool = False) -> ChunkSteps:
         """Every actor runs its slice of ``actions [B, H, A]`` with :func:`run_chunk` (see :meth:`VecEnv.step_chunk`)."""
         if record_obs:
             return super().step_chunk(actions, record_obs=True)
-        reward, flags, terms, texts = self._run(self._check_chunk(actions).numpy(), "step_chunk")
-        steps = self._chunk_steps(list(range(self.num_envs)), reward, flags, terms, texts, self._obs, self._final)
+        reward, flags, terms, signals, texts = self._run(self._check_chunk(actions).numpy(), "step_chunk")
+        steps = self._chunk_steps(list(range(self.num_envs)), reward, flags, terms, signals, texts, self._obs,
+                                  self._final)
         self._last_obs = steps.obs
         return steps
 
