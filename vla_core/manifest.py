@@ -61,6 +61,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def move_aside(folder: str | Path) -> Path:
+    """Rename a damaged file or folder to ``<name>.damaged-<n>`` (the first free n), fsync its parent, and return the
+    new path: what the project does instead of deleting something that failed verification (a user may want to
+    inspect or repair it)."""
+    folder = Path(folder)
+    n = 1
+    while (aside := folder.with_name(f"{folder.name}.damaged-{n}")).exists():
+        n += 1
+    os.replace(folder, aside)
+    fsync_dir(folder.parent)
+    return aside
+
+
 def _files(folder: Path) -> list[Path]:
     """Every regular file under ``folder`` except its own manifest, sorted by relative path."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST)

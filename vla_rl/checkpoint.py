@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from policies.io import CheckpointError, verify_policy_folder
-from vla_core.manifest import IntegrityError, fsync_dir, verify_manifest, write_manifest
+from vla_core.manifest import IntegrityError, fsync_dir, move_aside, verify_manifest, write_manifest
 
 LATEST = "latest"
 BEST = "best"
@@ -104,16 +104,6 @@ def checkpoints(ckpt_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_ITER.fullmatch(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
 
 
-def _move_aside(folder: Path) -> Path:
-    """Rename a damaged folder to ``<name>.damaged-<n>`` (the first free n) and return the new path."""
-    n = 1
-    while (aside := folder.with_name(f"{folder.name}.damaged-{n}")).exists():
-        n += 1
-    os.replace(folder, aside)
-    fsync_dir(folder.parent)
-    return aside
-
-
 def save_checkpoint(
     ckpt_dir: str | Path,
     iteration: int,
@@ -153,7 +143,7 @@ def save_checkpoint(
         if _problem(final) is None:
             shutil.rmtree(final)  # a sound checkpoint of the same iteration (a rerun): replaced
         else:
-            report(f"moved damaged {_label(final)} aside to {_move_aside(final).name}")
+            report(f"moved damaged {_label(final)} aside to {move_aside(final).name}")
     os.replace(tmp, final)
     fsync_dir(ckpt_dir)
     _atomic_write_text(ckpt_dir / LATEST, name)
@@ -185,7 +175,7 @@ def mark_best(ckpt_dir: str | Path, checkpoint: Path, metric: float, report: Rep
         if _problem(best) is None:
             os.replace(best, old)
         else:
-            report(f"moved damaged {_label(best)} aside to {_move_aside(best).name}")
+            report(f"moved damaged {_label(best)} aside to {move_aside(best).name}")
     os.replace(tmp, best)
     fsync_dir(ckpt_dir)
     shutil.rmtree(old, ignore_errors=True)
