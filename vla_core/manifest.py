@@ -79,11 +79,18 @@ def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST)
 
 
+def _digest(files: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a manifest's ``files``: the manifest's own checksum, so a damaged
+    manifest is named as such rather than blamed on the file whose entry it garbled."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def write_manifest(folder: str | Path) -> dict[str, Any]:
     """fsync every file of ``folder``, then write ``folder/manifest.json`` (last) and fsync it and every subfolder.
 
     Returns:
-        The manifest: ``{"version": 1, "files": {relative path: {"size": bytes, "sha256": hex}}}``.
+        The manifest: ``{"version": 1, "files": {relative path: {"size": bytes, "sha256": hex}}, "digest": hex}``
+        (``digest``: the sha256 of ``files`` as canonical JSON, the manifest's own checksum).
 
     Raises:
         OSError: from the file system (the folder is left without a valid manifest; callers write into a
@@ -94,7 +101,7 @@ def write_manifest(folder: str | Path) -> dict[str, Any]:
     for path in _files(folder):
         fsync_file(path)
         files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-    manifest = {"version": MANIFEST_VERSION, "files": files}
+    manifest = {"version": MANIFEST_VERSION, "files": files, "digest": _digest(files)}
     tmp = folder / f".{MANIFEST}.tmp"
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -110,7 +117,8 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
     """The manifest of ``folder``, or None when it has none.
 
     Raises:
-        IntegrityError: for a manifest that is not the JSON this module writes (naming the file and line).
+        IntegrityError: for a manifest that is not the JSON this module writes (naming the file and line), or
+            whose own checksum does not match.
     """
     path = Path(folder) / MANIFEST
     if not path.is_file():
@@ -123,6 +131,8 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
         raise IntegrityError(f"{path}: unreadable ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
         raise IntegrityError(f"{path}: expected a JSON object with a 'files' object (written by write_manifest)")
+    if "digest" in data and data["digest"] != _digest(data["files"]):  # manifests before the digest have none
+        raise IntegrityError(f"{path} does not match its own checksum (the manifest itself is corrupted)")
     return data
 
 
