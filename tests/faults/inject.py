@@ -112,6 +112,9 @@ def run_forked(fn: Callable[[], Any], root: str | Path, *, kill_at: int = 0, eno
             if capture:
                 for path, target in ((out_path, 1), (err_path, 2)):
                     os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), target)
+                # pytest's capture swaps sys.stdout/err for its own files: write through the fds instead
+                sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
             sys.addaudithook(hook)
             value = fn()
             result = {"status": "ok", "value": value}
