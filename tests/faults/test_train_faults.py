@@ -57,13 +57,14 @@ def metric_rows(run_dir: Path) -> dict[int, dict]:
 
 
 def logged_iterations(run_dir: Path) -> int:
-    """Training iterations whose metrics reached ``metrics.jsonl`` (its first row is the evaluation before
-    training)."""
+    """Training iterations whose metrics reached ``metrics.jsonl``: its distinct steps (env steps, one per
+    iteration; a resumed run logs an iteration again under the same step) less the evaluation before training
+    (step 0). A line torn by the kill does not count."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return 0
-    lines = [line for line in path.read_text().splitlines() if line.endswith("}")]
-    return max(len(lines) - 1, 0)
+    steps = {json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")}
+    return max(len(steps - {0}), 0)
 
 
 _RESUMED = re.compile(r"resuming .* at iteration (\d+) from")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -32,6 +34,30 @@ def action_source(name: str, env: VecEnv, seed: int) -> ActionFn:
     raise ConfigError(f"policy: expected 'random', 'expert' or a checkpoint folder, got {name!r}")
 
 
+POLICY_NAMES = ("random", "expert")
+"""The action sources ``--policy`` takes by name; anything else is a policy folder."""
+
+
+def check_policy_arg(policy: str) -> None:
+    """Check ``--policy``: a known name, or a path to an existing folder; the two are told apart.
+
+    Raises:
+        ConfigError: for a path-like value (it has a ``/``, or starts with ``.`` or ``~``) that is no folder,
+            naming the path; for any other unknown value, naming it as an unknown name (with the close ones).
+    """
+    if policy in POLICY_NAMES or Path(policy).is_dir():
+        return
+    path = Path(policy).expanduser()
+    if "/" in policy or os.sep in policy or policy.startswith((".", "~")) or path.exists():
+        what = "is a file, not a folder" if path.is_file() else "does not exist"
+        raise ConfigError(f"policy: the policy folder {policy} {what}; expected a folder with config.json and "
+                          "model.safetensors (e.g. <run>/checkpoints/best/policy)")
+    close = difflib.get_close_matches(policy, POLICY_NAMES, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"policy: unknown policy name {policy!r}.{hint} Known names: {', '.join(POLICY_NAMES)}; "
+                      "a policy folder is given by its path (e.g. ./runs/<run>/checkpoints/best/policy)")
+
+
 @COMMANDS.register("rollout", config=RolloutConfig, help="run a policy (random, expert or checkpoint) in an env")
 def rollout(cfg: RolloutConfig) -> EvalResult:
     """Run ``cfg.policy`` in ``cfg.env`` for ``cfg.episodes`` episodes and write ``rollout.json``.
@@ -42,10 +68,8 @@ def rollout(cfg: RolloutConfig) -> EvalResult:
     """
     out = Path(cfg.output_dir) if cfg.output_dir else default_runs_dir() / f"rollout-{cfg.env.id.replace('/', '-')}"
     policy = None
-    if cfg.policy not in ("random", "expert") and not Path(cfg.policy).is_dir():
-        raise ConfigError(f"policy: {cfg.policy!r} is neither a known policy name (random, expert) nor a policy "
-                          "folder (one with config.json and model.safetensors)")
-    if cfg.policy not in ("random", "expert"):  # a checkpoint folder
+    check_policy_arg(cfg.policy)
+    if cfg.policy not in POLICY_NAMES:  # a checkpoint folder
         from policies.io import checkpoint_cameras
         from policies.loading import load_policy
 
