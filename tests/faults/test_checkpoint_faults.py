@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,13 +42,19 @@ def assert_sound(ckpt_dir: Path, newest: int) -> int:
     return iteration
 
 
-def test_sigkill_between_every_file_of_a_checkpoint_write(tmp_path: Path) -> None:
-    base = tmp_path / "base"
+def prepared(folder: Path) -> tuple[Path, Any, int]:
+    """``folder/base`` holding checkpoint 1, the policy to save as checkpoint 2, and how many file operations
+    (kill points) writing checkpoint 2 there takes."""
+    base = folder / "base"
     _save(base, 1)
     policy = _policy()
-    probe = tmp_path / "probe"
+    probe = folder / "probe"
     shutil.copytree(base, probe)
-    n = count_events(lambda: str(_save(probe, 2, policy)), probe).events
+    return base, policy, count_events(lambda: str(_save(probe, 2, policy)), probe).events
+
+
+def test_sigkill_between_every_file_of_a_checkpoint_write(tmp_path: Path) -> None:
+    base, policy, n = prepared(tmp_path)
     assert n >= 10, f"only {n} file operations in a checkpoint write?"
     resumed_at = {}
     for k in range(1, n + 1):
