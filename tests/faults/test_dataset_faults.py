@@ -180,3 +180,19 @@ def test_a_missing_or_misshapen_feature_names_it_and_both_shapes(sealed: Path, t
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(f"vla-rl sft: {sealed}: ") and message in err, err
+
+
+def test_the_quickstart_reuses_a_verified_stage_and_redoes_a_damaged_one(sealed: Path, tmp_path: Path,
+                                                                        capsys) -> None:
+    from vla_rl.commands.quickstart import _reusable, _verify_demos
+
+    root = tmp_path / "demos"
+    shutil.copytree(sealed, root)
+    assert _reusable(root, "demo cache", _verify_demos) is True
+    flip_bit(sorted((root / "data").rglob("*.parquet"))[0], seed=3)
+    capsys.readouterr()
+    assert _reusable(root, "demo cache", _verify_demos) is False  # so the stage collects again
+    out = capsys.readouterr().out
+    assert out.startswith(f"note: demo cache {root} does not verify (") and "moved aside to demos.damaged-1" in out
+    assert not root.exists() and (tmp_path / "demos.damaged-1").is_dir()  # kept, not deleted
+    assert _reusable(tmp_path / "absent", "demo cache", _verify_demos) is False
