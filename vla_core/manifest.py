@@ -61,6 +61,28 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace the text file ``path`` durably and atomically: written to ``.<name>.tmp<pid>`` beside it,
+    fsync'ed, renamed over ``path``, the folder fsync'ed. A kill leaves the old file or the new one, never a
+    half-written one (a leftover temporary file is removed on failure where possible).
+
+    Raises:
+        OSError: from the file system (``path`` is then unchanged).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
 def move_aside(folder: str | Path) -> Path:
     """Rename a damaged file or folder to ``<name>.damaged-<n>`` (the first free n), fsync its parent, and return the
     new path: what the project does instead of deleting something that failed verification (a user may want to

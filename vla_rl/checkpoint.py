@@ -39,7 +39,14 @@ import numpy as np
 import torch
 
 from policies.io import CheckpointError, verify_policy_folder
-from vla_core.manifest import IntegrityError, fsync_dir, move_aside, verify_manifest, write_manifest
+from vla_core.manifest import (
+    IntegrityError,
+    fsync_dir,
+    move_aside,
+    verify_manifest,
+    write_manifest,
+    write_text_atomic,
+)
 
 LATEST = "latest"
 BEST = "best"
@@ -76,20 +83,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def _label(folder: Path) -> str:
@@ -159,7 +152,7 @@ def save_checkpoint(
     os.replace(tmp, final)
     fsync_dir(ckpt_dir)
     try:
-        _atomic_write_text(ckpt_dir / LATEST, name)
+        write_text_atomic(ckpt_dir / LATEST, name)
     except OSError as exc:
         raise OSError(exc.errno, f"checkpoint {_label(final)} was written and verifies, but updating {LATEST} "
                       f"failed ({exc.strerror or exc}); --resume true continues from {_label(final)}") from exc

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from sim import Obs, VecEnv, list_envs
+from vla_core.manifest import write_text_atomic
 from vla_rl.commands import COMMANDS
 from vla_rl.config import ConfigError, RolloutConfig, default_runs_dir
 from vla_rl.evaluation import EvalResult, evaluate_episodes, evaluate_policy
@@ -85,7 +86,7 @@ def rollout(cfg: RolloutConfig) -> EvalResult:
             stats = evaluate_policy(env, policy, cfg.episodes, cfg.env.seed, video_path=video, desc="rollout")
     out.mkdir(parents=True, exist_ok=True)
     summary = {**asdict(stats), "env_id": cfg.env.id, "policy": cfg.policy}
-    (out / "rollout.json").write_text(json.dumps(summary, indent=2))
+    write_text_atomic(out / "rollout.json", json.dumps(summary, indent=2))
     print(
         f"{cfg.env.id}: success {stats.successes}/{stats.episodes} "
         f"(95% CI {stats.ci_low:.2f}-{stats.ci_high:.2f}), mean return {stats.mean_return:.2f}"
