@@ -317,11 +317,26 @@ def parse_config(argv: list[str]) -> DeployConfig:
         raise ValueError(f"deploy config: {cause if cause is not None else e}") from e
 
 
+class DeployInputError(ValueError):
+    """The deploy command's input cannot work: a config value or file, the policy folder or its type (the
+    ``vla-rl`` CLI reports it in one line with exit code 2)."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``vla-rl deploy``; returns 0, or 1 when the run stopped on a fault."""
+    """Entry point of ``vla-rl deploy``; returns 0, or 1 when the run stopped on a fault.
+
+    Raises:
+        DeployInputError: for a config or policy folder that cannot work (before the robot is touched).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = parse_config(sys.argv[1:] if argv is None else argv)
-    report = run_deploy(cfg)
+    try:
+        cfg = parse_config(sys.argv[1:] if argv is None else argv)
+        if not cfg.policy.path:
+            raise ValueError("policy.path is required (a checkpoint folder)")
+        policy = load_deploy_policy(cfg.policy.path, cfg.policy.type, cfg.policy.device)
+    except (ValueError, FileNotFoundError) as exc:  # the user's input, not a failure of the robot
+        raise DeployInputError(str(exc)) from exc
+    report = run_deploy(cfg, policy=policy)
     print(format_report(report))
     return 1 if report.stop_reason else 0
 

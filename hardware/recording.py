@@ -14,6 +14,12 @@ Features:
 - ``intervention_label`` ``int64 [1]`` the RaC label (:mod:`vla_core.labels`: 0 policy, 1 recovery,
   2 correction);
 - ``action_modified`` ``bool [1]`` the envelope clamped, held or replaced the command.
+
+Like :class:`sim.dataset.EpisodeRecorder`, episodes are recorded into
+``<root>.partial`` and :meth:`RobotEpisodeRecorder.finalize` seals the dataset
+(every file fsync'ed, ``manifest.json`` written last, the folder renamed into
+place: :func:`sim.dataset.seal_dataset`), so a crash mid-run never leaves a
+half-written dataset under its final name and a later load names any damaged file.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hardware.adapter import RobotObservation
+from sim.dataset import partial_root, seal_dataset
 from vla_core.keys import INTERVENTION, INTERVENTION_LABEL
 from vla_core.labels import Label, label_features
 
@@ -94,22 +101,26 @@ class RobotEpisodeRecorder:
         cameras: dict[str, tuple[int, int]],
     ) -> None:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
+        from lerobot.utils.constants import HF_LEROBOT_HOME
 
-        root = Path(cfg.root) if cfg.root else None
-        if root is not None and root.exists():
+        root = Path(cfg.root) if cfg.root else Path(HF_LEROBOT_HOME) / cfg.repo_id  # LeRobot's own default
+        if root.exists():
             raise FileExistsError(f"dataset.root {root} already exists; choose a new folder")
+        self._root = root
+        self.partial = partial_root(root)
         self.cameras = dict(cameras)
         self.features = dataset_features(state_names, joint_names, cameras, cfg.use_videos)
         self.dataset = LeRobotDataset.create(
-            cfg.repo_id, fps, self.features, root=root, robot_type=robot_type, use_videos=cfg.use_videos
+            cfg.repo_id, fps, self.features, root=self.partial, robot_type=robot_type, use_videos=cfg.use_videos
         )
         self.frames_in_episode = 0
         self.episodes_saved = 0
+        self._sealed = False
 
     @property
     def root(self) -> Path:
-        """The dataset folder."""
-        return Path(self.dataset.root)
+        """The dataset folder (the data lies in ``<root>.partial`` until :meth:`finalize`)."""
+        return self._root
 
     def add(self, obs: RobotObservation, action: np.ndarray, task: str, intervention: bool, modified: bool,
             label: Label | None = None) -> None:
@@ -146,5 +157,9 @@ class RobotEpisodeRecorder:
         self.frames_in_episode = 0
 
     def finalize(self) -> None:
-        """Flush metadata and close writers (the dataset is invalid without it). Idempotent."""
+        """Flush metadata, close writers and seal the dataset into ``root`` (it is invalid without this).
+        Idempotent."""
         self.dataset.finalize()
+        if not self._sealed:
+            seal_dataset(self.partial, self._root)
+            self._sealed = True

@@ -92,7 +92,14 @@ class EnvSpec:
 
 
 class EnvError(RuntimeError):
-    """A user-facing error from the sim layer (bad id, bad action, missing driver...)."""
+    """A user-facing error from the sim layer at run time (a missing driver or package, a worker that died, a bad
+    action); the CLI exits 1 for it. Bad input is the subclass :class:`EnvConfigError`."""
+
+
+class EnvConfigError(EnvError):
+    """An env id, task or option that cannot work (unknown id, unknown or invalid option, an index out of
+    range): bad input, which the CLI reports with exit code 2. A subclass of :class:`EnvError`, so code that
+    catches every sim error still does."""
 
 
 @dataclass

@@ -8,15 +8,25 @@ needed), ``observation.state``, ``action``, ``task`` plus ``next.reward``,
 ``next.success`` and any extra per-frame fields declared up front (for example
 ``is_intervention``).
 
-Writing is atomic at the dataset level: episodes go to ``<root>.partial`` and
-the folder is renamed to ``root`` by :meth:`EpisodeRecorder.finalize`, so a
-crash never leaves a half-written dataset at ``root``.
+Writing is atomic and durable at the dataset level: episodes go to
+``<root>.partial``; :meth:`EpisodeRecorder.finalize` closes LeRobot's writers,
+then :func:`seal_dataset` fsyncs every file, writes ``manifest.json`` (size and
+sha256 of every file, :mod:`vla_core.manifest`) last, renames the folder to
+``root`` and fsyncs its parent. A crash never leaves a half-written dataset at
+``root``; a ``.partial`` folder left by a crash is moved aside
+(``<root>.partial.damaged-<n>``), never deleted, by the next recording.
+
+The manifest is an extra file at the dataset's top level: LeRobot ignores it, so
+the folder stays a plain LeRobotDataset. :func:`verify_dataset` checks it (or,
+for a dataset without one, recorded by another tool, that its JSON metadata
+parses and its parquet files are complete) and names the damaged file;
+:func:`load_dataset` calls it before LeRobot reads anything.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +34,7 @@ import numpy as np
 import torch
 
 from sim.core import OBS_STATE, EnvSpec
+from vla_core.manifest import IntegrityError, fsync_dir, move_aside, verify_manifest, write_manifest
 
 from vla_core.keys import ACTION, REWARD, SUCCESS  # noqa: F401  (re-exported)
 
@@ -76,10 +87,7 @@ class EpisodeRecorder:
         self.root = Path(root)
         if self.root.exists():
             raise FileExistsError(f"dataset folder {self.root} already exists; remove it or pick another --output")
-        self.partial = self.root.with_name(self.root.name + ".partial")
-        if self.partial.exists():
-            shutil.rmtree(self.partial)
-        self.partial.parent.mkdir(parents=True, exist_ok=True)
+        self.partial = partial_root(self.root)
         self.features = features_for(spec, extra_features)
         self.spec = spec
         self.num_episodes = 0
@@ -125,10 +133,9 @@ class EpisodeRecorder:
         self.dataset.clear_episode_buffer()
 
     def finalize(self) -> Path:
-        """Flush metadata and move the dataset into place atomically. Returns ``root``."""
+        """Flush metadata, seal the dataset (:func:`seal_dataset`) and move it into place. Returns ``root``."""
         self.dataset.finalize()
-        os.replace(self.partial, self.root)
-        return self.root
+        return seal_dataset(self.partial, self.root)
 
 
 def _row(value: Any, index: int | None) -> np.ndarray:
@@ -138,16 +145,84 @@ def _row(value: Any, index: int | None) -> np.ndarray:
     return value if index is None else value[index]
 
 
+PARTIAL_SUFFIX = ".partial"
+"""Suffix of the folder a dataset is recorded into before :func:`seal_dataset` renames it to its final name."""
+_PARQUET_MAGIC = b"PAR1"
+
+
+def partial_root(root: Path) -> Path:
+    """``<root>.partial``, ready to record into: its parent exists; one left by a crashed recording is moved aside
+    to ``<root>.partial.damaged-<n>`` (printed), never deleted."""
+    partial = root.with_name(root.name + PARTIAL_SUFFIX)
+    if partial.exists():
+        print(f"note: moved the unfinished recording {partial} aside to {move_aside(partial).name}")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    return partial
+
+
+def seal_dataset(written: str | Path, root: str | Path) -> Path:
+    """Make a finalized LeRobotDataset folder durable and put it in place: fsync every file, write its
+    ``manifest.json`` last (:func:`vla_core.manifest.write_manifest`), rename ``written`` to ``root`` (when they
+    differ) and fsync the parent. Returns ``root``.
+
+    Raises:
+        OSError: from the file system (disk full...); ``root`` is then not created.
+    """
+    written, root = Path(written), Path(root)
+    write_manifest(written)
+    if written != root:
+        os.replace(written, root)
+    fsync_dir(root.parent)
+    return root
+
+
+def verify_dataset(root: str | Path, *, hashes: bool = True) -> bool:
+    """Check a LeRobotDataset folder before reading it, naming the file at fault.
+
+    A dataset with a ``manifest.json`` (recorded by this project) is checked against it: every file present with
+    its size and (``hashes``) sha256. Without one (recorded by another tool) every ``meta/*.json`` must parse and
+    every ``*.parquet`` file must begin and end with parquet's magic bytes (a truncated or empty file does not).
+
+    Returns:
+        True when a manifest verified the folder; False when it has none (checked file by file only).
+
+    Raises:
+        IntegrityError: one sentence naming the missing, truncated, altered or malformed file.
+    """
+    root = Path(root)
+    if verify_manifest(root, hashes=hashes):
+        return True
+    for path in sorted((root / "meta").glob("*.json")):
+        try:
+            json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise IntegrityError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        except UnicodeDecodeError:
+            raise IntegrityError(f"{path}: not valid JSON (not UTF-8 text; a corrupted file?)") from None
+    for path in sorted(root.rglob("*.parquet")):
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(max(size - 4, 0))
+            tail = f.read(4)
+        if size < 12 or head != _PARQUET_MAGIC or tail != _PARQUET_MAGIC:
+            raise IntegrityError(f"{path} has {size} bytes and is not a complete parquet file (empty or truncated)")
+    return False
+
+
 def load_dataset(root: str | Path, repo_id: str = "local/dataset", **kwargs: Any) -> Any:
-    """Open a dataset written by :class:`EpisodeRecorder` (offline, from disk).
+    """Open a dataset written by :class:`EpisodeRecorder` (offline, from disk), verified first
+    (:func:`verify_dataset`).
 
     Raises:
         FileNotFoundError: naming ``root`` when it holds no LeRobot dataset.
+        IntegrityError: naming the file that is missing, truncated, altered or malformed.
     """
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     root = Path(root)
     if not (root / "meta" / "info.json").exists():
         raise FileNotFoundError(f"{root} is not a LeRobotDataset (no meta/info.json); run `vla-rl collect` first")
+    verify_dataset(root)
     kwargs.setdefault("video_backend", VIDEO_BACKEND)
     return LeRobotDataset(repo_id, root=root, **kwargs)

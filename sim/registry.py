@@ -23,7 +23,7 @@ import enum
 from dataclasses import fields
 from typing import ClassVar
 
-from sim.core import EnvError, VecEnv
+from sim.core import EnvConfigError, VecEnv
 from sim.options import SimOptions
 from vla_core.registry import Registry
 
@@ -102,23 +102,24 @@ def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **options: object) -
             ``image_size``, ``num_workers``, ...).
 
     Raises:
-        EnvError: for an unknown env id (listing the valid ones), an unknown
-            option (listing the valid ones) or ``num_envs < 1``.
+        EnvConfigError: for an unknown env id (listing the valid ones), an unknown
+            option (listing the valid ones) or ``num_envs < 1`` (bad input).
+        EnvError: from the backend, for what fails at run time (a missing package or driver).
     """
     if num_envs < 1:
-        raise EnvError(f"{env_id}: num_envs must be >= 1, got {num_envs}")
+        raise EnvConfigError(f"{env_id}: num_envs must be >= 1, got {num_envs}")
     prefix, _, task = env_id.partition("/")
     if prefix not in ENVS or not task:
-        raise EnvError(_unknown(env_id, list_envs()))
+        raise EnvConfigError(_unknown(env_id, list_envs()))
     entry = ENVS.get(prefix)
     backend = entry.obj()
     valid = backend.tasks()
     if task not in valid:
-        raise EnvError(_unknown(env_id, [f"{prefix}/{t}" for t in valid]))
+        raise EnvConfigError(_unknown(env_id, [f"{prefix}/{t}" for t in valid]))
     try:
         opts = ENVS.make_config(prefix, **options)
     except (ValueError, TypeError) as exc:
-        raise EnvError(f"{env_id}: {exc}") from None
+        raise EnvConfigError(f"{env_id}: {exc}") from None
     env = backend.make(task, num_envs, seed, opts)
     env._seed = seed  # first reset(seed=None) uses it
     return env

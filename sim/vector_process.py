@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
 
-from sim.core import ChunkSteps, EnvError, EnvSpec, Obs, normalize_env_ids, seeds_for_ids
+from sim.core import ChunkSteps, EnvConfigError, EnvError, EnvSpec, Obs, normalize_env_ids, seeds_for_ids
 from sim.single import SingleEnv
 from sim.vector import EnvFactory, _Bookkeeping, _write, run_chunk
 
@@ -244,7 +244,8 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int, spin_s:
         pass
     except BaseException as exc:  # report to the parent instead of dying silently
         try:
-            conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+            bad_input = isinstance(exc, EnvConfigError)
+            conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc(), bad_input)))
         except Exception:
             pass
     finally:
@@ -343,7 +344,9 @@ class ProcessVecEnv(_Bookkeeping):
             return None
         status, payload = pickle.loads(msg)
         if status == "error":
-            msg, tb = payload
+            msg, tb, bad_input = payload
+            if bad_input:  # an env id or option the worker's env rejects: the user's input, no traceback needed
+                raise EnvConfigError(f"{self._env_id}: worker {w}: {msg.removeprefix('EnvConfigError: ')}")
             raise EnvError(f"{self._env_id}: worker {w} failed: {msg}\n--- worker traceback ---\n{tb}")
         return payload
 

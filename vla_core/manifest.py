@@ -61,16 +61,58 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace the text file ``path`` durably and atomically: written to ``.<name>.tmp<pid>`` beside it,
+    fsync'ed, renamed over ``path``, the folder fsync'ed. A kill leaves the old file or the new one, never a
+    half-written one (a leftover temporary file is removed on failure where possible).
+
+    Raises:
+        OSError: from the file system (``path`` is then unchanged).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def move_aside(folder: str | Path) -> Path:
+    """Rename a damaged file or folder to ``<name>.damaged-<n>`` (the first free n), fsync its parent, and return the
+    new path: what the project does instead of deleting something that failed verification (a user may want to
+    inspect or repair it)."""
+    folder = Path(folder)
+    n = 1
+    while (aside := folder.with_name(f"{folder.name}.damaged-{n}")).exists():
+        n += 1
+    os.replace(folder, aside)
+    fsync_dir(folder.parent)
+    return aside
+
+
 def _files(folder: Path) -> list[Path]:
     """Every regular file under ``folder`` except its own manifest, sorted by relative path."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST)
+
+
+def _digest(files: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a manifest's ``files``: the manifest's own checksum, so a damaged
+    manifest is named as such rather than blamed on the file whose entry it garbled."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def write_manifest(folder: str | Path) -> dict[str, Any]:
     """fsync every file of ``folder``, then write ``folder/manifest.json`` (last) and fsync it and every subfolder.
 
     Returns:
-        The manifest: ``{"version": 1, "files": {relative path: {"size": bytes, "sha256": hex}}}``.
+        The manifest: ``{"version": 1, "files": {relative path: {"size": bytes, "sha256": hex}}, "digest": hex}``
+        (``digest``: the sha256 of ``files`` as canonical JSON, the manifest's own checksum).
 
     Raises:
         OSError: from the file system (the folder is left without a valid manifest; callers write into a
@@ -81,7 +123,7 @@ def write_manifest(folder: str | Path) -> dict[str, Any]:
     for path in _files(folder):
         fsync_file(path)
         files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-    manifest = {"version": MANIFEST_VERSION, "files": files}
+    manifest = {"version": MANIFEST_VERSION, "files": files, "digest": _digest(files)}
     tmp = folder / f".{MANIFEST}.tmp"
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -97,7 +139,8 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
     """The manifest of ``folder``, or None when it has none.
 
     Raises:
-        IntegrityError: for a manifest that is not the JSON this module writes (naming the file and line).
+        IntegrityError: for a manifest that is not the JSON this module writes (naming the file and line), or
+            whose own checksum does not match.
     """
     path = Path(folder) / MANIFEST
     if not path.is_file():
@@ -110,6 +153,8 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
         raise IntegrityError(f"{path}: unreadable ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
         raise IntegrityError(f"{path}: expected a JSON object with a 'files' object (written by write_manifest)")
+    if "digest" in data and data["digest"] != _digest(data["files"]):  # manifests before the digest have none
+        raise IntegrityError(f"{path} does not match its own checksum (the manifest itself is corrupted)")
     return data
 
 

@@ -39,7 +39,14 @@ import numpy as np
 import torch
 
 from policies.io import CheckpointError, verify_policy_folder
-from vla_core.manifest import IntegrityError, fsync_dir, verify_manifest, write_manifest
+from vla_core.manifest import (
+    IntegrityError,
+    fsync_dir,
+    move_aside,
+    verify_manifest,
+    write_manifest,
+    write_text_atomic,
+)
 
 LATEST = "latest"
 BEST = "best"
@@ -78,16 +85,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def _label(folder: Path) -> str:
     """``checkpoints/iter_000005``: how messages name a checkpoint folder."""
     return f"{folder.parent.name}/{folder.name}"
@@ -102,16 +99,6 @@ def checkpoints(ckpt_dir: str | Path) -> list[Path]:
     """The ``iter_<k>`` folders of ``ckpt_dir``, newest (highest k) first; moved-aside and temporary ones excluded."""
     found = [p for p in Path(ckpt_dir).glob("iter_*") if p.is_dir() and _ITER.fullmatch(p.name)]
     return sorted(found, key=lambda p: int(_ITER.fullmatch(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
-
-
-def _move_aside(folder: Path) -> Path:
-    """Rename a damaged folder to ``<name>.damaged-<n>`` (the first free n) and return the new path."""
-    n = 1
-    while (aside := folder.with_name(f"{folder.name}.damaged-{n}")).exists():
-        n += 1
-    os.replace(folder, aside)
-    fsync_dir(folder.parent)
-    return aside
 
 
 def save_checkpoint(
@@ -130,7 +117,8 @@ def save_checkpoint(
     one (see the module doc); an existing damaged ``iter_<iteration>`` is moved aside (``report`` says so).
 
     Raises:
-        OSError: from the file system (disk full, permissions); the temporary folder is removed, and the
+        OSError: from the file system (disk full, permissions), with its errno and a message naming the
+            checkpoint that failed and the previous one that is kept; the temporary folder is removed, and the
             previous checkpoints and ``latest`` are left as they were.
     """
     ckpt_dir = Path(ckpt_dir)
@@ -146,17 +134,28 @@ def save_checkpoint(
         torch.save(trainer_state, tmp / TRAINER_FILE)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
         write_manifest(tmp)
+    except OSError as exc:  # disk full, permissions: say what is kept, in the error's one line
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = latest_checkpoint(ckpt_dir)
+        what = (f"the previous checkpoint {_label(kept)} is kept (resume from it with --resume true)" if kept
+                else "there is no earlier checkpoint")
+        raise OSError(exc.errno, f"writing checkpoint {_label(final)} failed ({exc.strerror or exc}); nothing was "
+                      f"written under its name, {what}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if final.exists():
         if _problem(final) is None:
-            shutil.rmtree(final)  # a sound checkpoint of the same iteration (a rerun): replaced
+            _remove(final)  # a sound checkpoint of the same iteration (a rerun): replaced
         else:
-            report(f"moved damaged {_label(final)} aside to {_move_aside(final).name}")
+            report(f"moved damaged {_label(final)} aside to {move_aside(final).name}")
     os.replace(tmp, final)
     fsync_dir(ckpt_dir)
-    _atomic_write_text(ckpt_dir / LATEST, name)
+    try:
+        write_text_atomic(ckpt_dir / LATEST, name)
+    except OSError as exc:
+        raise OSError(exc.errno, f"checkpoint {_label(final)} was written and verifies, but updating {LATEST} "
+                      f"failed ({exc.strerror or exc}); --resume true continues from {_label(final)}") from exc
     _prune(ckpt_dir, keep_last, final)
     return final
 
@@ -169,6 +168,7 @@ def mark_best(ckpt_dir: str | Path, checkpoint: Path, metric: float, report: Rep
         OSError: from the file system; ``best/`` is then left as it was.
     """
     ckpt_dir = Path(ckpt_dir)
+    _recover_best(ckpt_dir, report)
     tmp = ckpt_dir / f".best.tmp{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -185,7 +185,7 @@ def mark_best(ckpt_dir: str | Path, checkpoint: Path, metric: float, report: Rep
         if _problem(best) is None:
             os.replace(best, old)
         else:
-            report(f"moved damaged {_label(best)} aside to {_move_aside(best).name}")
+            report(f"moved damaged {_label(best)} aside to {move_aside(best).name}")
     os.replace(tmp, best)
     fsync_dir(ckpt_dir)
     shutil.rmtree(old, ignore_errors=True)
@@ -194,6 +194,7 @@ def mark_best(ckpt_dir: str | Path, checkpoint: Path, metric: float, report: Rep
 def best_metric(ckpt_dir: str | Path, report: Report = print) -> float | None:
     """The metric recorded with ``best/``, or None when there is none or it does not verify (``report`` says
     which file is damaged; the next better evaluation then replaces it, moving it aside)."""
+    _recover_best(Path(ckpt_dir), report)
     best = Path(ckpt_dir) / BEST
     if not best.exists():
         return None
@@ -313,6 +314,30 @@ def _prune(ckpt_dir: Path, keep_last: int, written: Path) -> None:
         if kept < keep_last:
             kept += 1
         else:
-            shutil.rmtree(cand, ignore_errors=True)
-    for stale in ckpt_dir.glob(".iter_*.tmp*"):
+            _remove(cand)
+    for stale in [*ckpt_dir.glob(".iter_*.tmp*"), *ckpt_dir.glob(".iter_*.old*"), *ckpt_dir.glob(".best.tmp*")]:
         shutil.rmtree(stale, ignore_errors=True)
+    for stale in ckpt_dir.glob(f".{LATEST}.tmp*"):  # a kill between writing and renaming ``latest``
+        stale.unlink(missing_ok=True)
+
+
+def _remove(folder: Path) -> None:
+    """Delete a sound checkpoint folder: renamed out of its final name first (``.<name>.old<pid>``), so a kill
+    during the deletion leaves no half-deleted folder under a checkpoint's name (:func:`_prune` removes the
+    hidden leftover later)."""
+    hidden = folder.with_name(f".{folder.name}.old{os.getpid()}")
+    os.replace(folder, hidden)
+    fsync_dir(folder.parent)
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def _recover_best(ckpt_dir: Path, report: Report) -> None:
+    """Put back a ``best/`` that :func:`mark_best` had moved to ``.best.old<pid>`` when it was killed before
+    renaming the new one into place (the old one is then the only copy); remove older such copies."""
+    olds = sorted(ckpt_dir.glob(".best.old*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    if olds and not (ckpt_dir / BEST).exists():
+        os.replace(olds.pop(0), ckpt_dir / BEST)
+        fsync_dir(ckpt_dir)
+        report(f"restored {_label(ckpt_dir / BEST)} from an interrupted update")
+    for old in olds:
+        shutil.rmtree(old, ignore_errors=True)

@@ -11,8 +11,9 @@ expected>``, and the exit code says whose it is:
   cannot work (:class:`vla_rl.config.ConfigError` and its ``DatasetError``,
   :class:`policies.io.CheckpointError`, :class:`vla_core.manifest.IntegrityError`,
   ``ObservationError``, ``BackboneError``, an unknown registry name, a preset that is
-  missing or not YAML);
-- **1, runtime failure**: the simulator (``EnvError``), the file system (``OSError``:
+  missing or not YAML, an env id or option the simulator rejects (``EnvConfigError``),
+  a deploy config or policy folder that cannot work (``DeployInputError``);
+- **1, runtime failure**: the simulator at run time (``EnvError``), the file system (``OSError``:
   an output folder that exists, a full disk) or an unexpected error;
 - **130**: interrupted (Ctrl-C).
 
@@ -276,14 +277,17 @@ DEBUG_ENV = "VLA_RL_DEBUG"
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     """The project's error types that mean bad input (exit code 2; see the module doc)."""
+    from hardware.deploy import DeployInputError
     from policies.autoregressive.backbones import BackboneError
     from policies.io import CheckpointError, ObservationError
     from rewards.terms import RewardTermError
+    from sim import EnvConfigError
     from vla_core.manifest import IntegrityError
     from vla_core.registry import RegistryError
     from vla_rl.config import ConfigError
 
-    return ConfigError, CheckpointError, IntegrityError, ObservationError, BackboneError, RegistryError, RewardTermError
+    return (ConfigError, CheckpointError, IntegrityError, ObservationError, BackboneError, RegistryError,
+            RewardTermError, EnvConfigError, DeployInputError)
 
 
 def _one_line(exc: BaseException) -> str:

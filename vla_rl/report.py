@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vla_core.manifest import write_text_atomic
 from vla_rl.run_logging import read_metrics
 from vla_rl.timing import BREAKDOWN
 
@@ -92,7 +93,7 @@ def time_totals(metrics_file: str | Path) -> dict[str, float]:
 def write_report(run_dir: str | Path, summary: dict[str, Any], plots: Sequence[Path], videos: dict[str, str]) -> Path:
     """Write ``report.json`` (``summary``) and ``report.md`` into ``run_dir``; returns the markdown path."""
     run_dir = Path(run_dir)
-    (run_dir / "report.json").write_text(json.dumps(summary, indent=2))
+    write_text_atomic(run_dir / "report.json", json.dumps(summary, indent=2))
     b, a = summary.get("success_before"), summary.get("success_after")
     lines = [
         f"# {summary.get('name', run_dir.name)}",
@@ -137,5 +138,5 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], plots: Sequence[P
     if videos:
         lines += ["", "## Videos", ""] + [f"- {k}: `{v}`" for k, v in videos.items()]
     md = run_dir / "report.md"
-    md.write_text("\n".join(lines) + "\n")
+    write_text_atomic(md, "\n".join(lines) + "\n")
     return md

@@ -28,6 +28,21 @@ class LoggingConfig:
     """Write TensorBoard event files to ``<run>/tb``."""
 
 
+def drop_torn_line(path: Path) -> None:
+    """Cut a last line that a kill left half-written (no final newline) from the append-only log ``path``, so
+    the rows a resumed run appends are not glued to it. The torn row belongs to the iteration in flight at the
+    kill, which the resumed run redoes."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "r+b") as f:
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        f.truncate(data.rfind(b"\n") + 1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class RunLogger:
     """Fan scalars out to ``metrics.jsonl``, TensorBoard and wandb.
 
@@ -42,6 +57,8 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
+        if resume:
+            drop_torn_line(self.jsonl_path)
         self._jsonl = open(self.jsonl_path, "a" if resume else "w", buffering=1)
         self._tb = None
         self._wandb = None

@@ -26,6 +26,7 @@ from policies.base import Policy
 from policies.io import checkpoint_cameras
 from policies.loading import load_policy
 from sim.core import EnvSpec
+from vla_core.manifest import write_text_atomic
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
@@ -290,7 +291,7 @@ class Trainer:
         if not self.dist.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(dataclasses.asdict(res), indent=2))
+        write_text_atomic(self.run_dir / f"eval_{tag}.json", json.dumps(dataclasses.asdict(res), indent=2))
 
 
 class _NullLogger:

@@ -2,7 +2,11 @@
 
 Subscriptions run in the node's executor thread and only store the newest
 message (with its arrival time); :meth:`Ros2Adapter.observe` copies the newest
-data under a lock and never blocks. Commands are published as
+data under a lock and never blocks. A ``JointState`` whose header stamp is not
+newer than the last accepted one (a duplicate, or a message overtaken on the
+way: out of order) is dropped and counted in ``stale_dropped``: it would
+replace a newer position with an older one and reset the watchdog's age.
+Unstamped messages (stamp 0) are taken in arrival order. Commands are published as
 ``trajectory_msgs/JointTrajectory`` (point ``i`` due at ``(i + 1) * dt``) or,
 for forward position controllers, ``std_msgs/Float64MultiArray`` holding
 point 0 in joint order.
@@ -25,6 +29,7 @@ from hardware.ros2.convert import (
     decode_image,
     joint_index,
     resize,
+    stamp_to_seconds,
 )
 
 log = logging.getLogger(__name__)
@@ -49,7 +54,9 @@ class Ros2Adapter(RobotAdapter):
         self._warned: set[str] = set()
         self._ros = None
         self._pub = None
+        self._header_stamp = 0.0
         self.messages_received = 0
+        self.stale_dropped = 0
         self.frames_received = dict.fromkeys(cfg.cameras, 0)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -140,10 +147,20 @@ class Ros2Adapter(RobotAdapter):
             self._warn_once("js-len", f"JointState has {len(pos)} positions for {len(names)} names; ignoring it")
             return
         q = np.array([pos[i] for i in idx], dtype=np.float64)
+        header = getattr(msg, "header", None)
+        stamp = stamp_to_seconds(header.stamp) if header is not None else 0.0
         with self._lock:
-            self._position = q
-            self._state_stamp = time.monotonic()
-            self.messages_received += 1
+            stale = 0.0 < stamp <= self._header_stamp  # a duplicate, or overtaken by a newer message
+            if stale:
+                self.stale_dropped += 1
+            else:
+                self._header_stamp = max(self._header_stamp, stamp)
+                self._position = q
+                self._state_stamp = time.monotonic()
+                self.messages_received += 1
+        if stale:
+            self._warn_once("js-stale", f"dropping JointState messages on {self.cfg.joint_state_topic} whose stamp is "
+                            "not newer than the last one (duplicated or out of order); stale_dropped counts them")
 
     def _image_callback(self, name: str):
         cam = self.cfg.cameras[name]

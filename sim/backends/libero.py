@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sim.core import OBS_ENV_STATE, OBS_STATE, EnvError, EnvSpec, TensorSpec, VecEnv, image_key
+from sim.core import OBS_ENV_STATE, OBS_STATE, EnvConfigError, EnvError, EnvSpec, TensorSpec, VecEnv, image_key
 from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.single import SingleEnv, StepOut
@@ -335,7 +335,7 @@ class LiberoEnv(SingleEnv):
         self._init_states = np.asarray(bench.get_task_init_states(index))
         count = len(self._init_states)
         if options.init_state >= count:
-            raise EnvError(f"{env_id}: init_state {options.init_state} out of range; this task has {count} init states")
+            raise EnvConfigError(f"{env_id}: init_state {options.init_state} out of range; this task has {count} init states")
         self._rgb = options.obs_mode == "rgb"
         self._size = options.image_size or DEFAULT_IMAGE_SIZE
         self._settle = options.settle_steps
@@ -475,7 +475,7 @@ class LiberoEnv(SingleEnv):
 def _split_task(env_id: str, task: str) -> tuple[str, int]:
     suite, _, index = task.partition("/")
     if suite not in SUITE_MAX_STEPS or not index.isdigit():
-        raise EnvError(f"{env_id}: task must be <suite>/<index> with suite in {', '.join(SUITE_MAX_STEPS)}")
+        raise EnvConfigError(f"{env_id}: task must be <suite>/<index> with suite in {', '.join(SUITE_MAX_STEPS)}")
     return suite, int(index)
 
 

@@ -48,7 +48,7 @@ from sim.backends.maniskill_common import (
     vulkan_error,
     vulkan_message,
 )
-from sim.core import OBS_ENV_STATE, OBS_STATE, EnvError, EnvSpec, VecEnv, image_key
+from sim.core import OBS_ENV_STATE, OBS_STATE, EnvConfigError, EnvError, EnvSpec, VecEnv, image_key
 from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.single import SingleEnv, StepOut
@@ -91,7 +91,7 @@ class ManiSkillSingleEnv(SingleEnv):
         registered = gym.spec(task).max_episode_steps or 0
         self._max_steps = options.max_episode_steps or registered
         if self._max_steps <= 0:
-            raise EnvError(f"{env_id}: the task sets no step limit; pass max_episode_steps > 0")
+            raise EnvConfigError(f"{env_id}: the task sets no step limit; pass max_episode_steps > 0")
         self._cameras: tuple[str, ...] = tuple(self._base.scene.sensors) if options.obs_mode == "rgb" else ()
         self._t = 0
         size = options.resolved_image_size
@@ -199,14 +199,14 @@ class ManiSkillBackend(Backend):
         assert isinstance(options, ManiSkillOptions)
         env_id = f"{PREFIX}/{task}"
         if options.vulkan_icd and not os.path.isfile(options.vulkan_icd):
-            raise EnvError(
+            raise EnvConfigError(
                 f"{env_id}: vulkan_icd={options.vulkan_icd!r} does not exist; run {INSTALL_SCRIPT} "
                 "and pass the json path it prints"
             )
         icd = options.vulkan_icd or os.environ.get("VK_ICD_FILENAMES", "")
         cuda = torch.cuda.is_available()
         if options.sim_backend == "gpu" and not cuda:
-            raise EnvError(f"{env_id}: sim_backend='gpu' needs CUDA (torch.cuda.is_available() is False); use 'cpu'")
+            raise EnvConfigError(f"{env_id}: sim_backend='gpu' needs CUDA (torch.cuda.is_available() is False); use 'cpu'")
         reason = vulkan_error(icd)
         if reason is not None:
             raise EnvError(vulkan_message(env_id, reason, icd))

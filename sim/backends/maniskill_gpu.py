@@ -37,6 +37,7 @@ from sim.core import (
     OBS_ENV_STATE,
     OBS_STATE,
     TASK,
+    EnvConfigError,
     EnvError,
     EnvSpec,
     Obs,
@@ -70,7 +71,7 @@ class ManiSkillGPUVecEnv(VecEnv):
                 f"{env_id}: the GPU path needs CUDA (torch.cuda.is_available() is False); use sim_backend='cpu'"
             )
         if device == "cpu" and num_envs != 1:
-            raise EnvError(f"{env_id}: ManiSkill's CPU backend holds one env per simulator; got num_envs={num_envs}")
+            raise EnvConfigError(f"{env_id}: ManiSkill's CPU backend holds one env per simulator; got num_envs={num_envs}")
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401  registers the tasks
 
@@ -91,7 +92,7 @@ class ManiSkillGPUVecEnv(VecEnv):
         self.num_envs = num_envs
         max_steps = options.max_episode_steps or (gym.spec(task).max_episode_steps or 0)
         if max_steps <= 0:
-            raise EnvError(f"{env_id}: the task sets no step limit; pass max_episode_steps > 0")
+            raise EnvConfigError(f"{env_id}: the task sets no step limit; pass max_episode_steps > 0")
         self._cameras: tuple[str, ...] = tuple(self._base.scene.sensors) if options.obs_mode == "rgb" else ()
         size = options.resolved_image_size
         obs_spec = observation_spec(int(proprio_state(self._base).shape[-1]), self._task.state_dim, self._cameras, size)

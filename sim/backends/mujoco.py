@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from sim.core import EnvError, VecEnv
+from sim.core import EnvConfigError, VecEnv
 from sim.mujoco_tasks.tasks import MULTI, REWARD_MODES, TASK_INDEX, task_names
 from sim.options import SimOptions
 from sim.registry import ENVS, Backend
@@ -100,14 +100,14 @@ class MujocoBackend(Backend):
         """Build ``num_envs`` tabletop envs; see :class:`MujocoOptions`.
 
         Raises:
-            EnvError: for ``multi_tasks`` given to a single-task id, or if the
-                scene cannot be built (gym-hil missing).
+            EnvConfigError: for ``multi_tasks`` given to a single-task id.
+            EnvError: if the scene cannot be built (gym-hil missing).
         """
         from sim.mujoco_tasks.env import TabletopConfig, TabletopEnv
 
         env_id = f"mujoco/{task}"
         if options.multi_tasks and task != MULTI:
-            raise EnvError(f"{env_id}: multi_tasks only applies to mujoco/{MULTI}")
+            raise EnvConfigError(f"{env_id}: multi_tasks only applies to mujoco/{MULTI}")
         subset = SKILL_SUBSETS.get(task, tuple(options.multi_tasks))
         cfg = TabletopConfig(
             env_id=env_id,

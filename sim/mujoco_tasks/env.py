@@ -44,7 +44,7 @@ import mujoco
 import numpy as np
 import torch
 
-from sim.core import OBS_ENV_STATE, OBS_STATE, EnvError, EnvSpec, TensorSpec, image_key
+from sim.core import OBS_ENV_STATE, OBS_STATE, EnvConfigError, EnvError, EnvSpec, TensorSpec, image_key
 from sim.mujoco_tasks.control import HOME_POS, EEController
 from sim.mujoco_tasks.expert import ScriptedExpert
 from sim.mujoco_tasks.gl import close_at_exit
@@ -133,12 +133,12 @@ class TabletopEnv(SingleEnv):
     def __init__(self, cfg: TabletopConfig) -> None:
         self.cfg = cfg
         if cfg.reward_mode not in REWARD_MODES:
-            raise EnvError(f"{cfg.env_id}: reward_mode must be one of {REWARD_MODES}, got {cfg.reward_mode!r}")
+            raise EnvConfigError(f"{cfg.env_id}: reward_mode must be one of {REWARD_MODES}, got {cfg.reward_mode!r}")
         if cfg.task == MULTI:
             names = cfg.multi_tasks or tuple(t.name for t in TASKS)
             bad = [n for n in names if n not in TASK_INDEX]
             if bad:
-                raise EnvError(f"{cfg.env_id}: unknown multi_tasks {bad}; valid: {sorted(TASK_INDEX)}")
+                raise EnvConfigError(f"{cfg.env_id}: unknown multi_tasks {bad}; valid: {sorted(TASK_INDEX)}")
             self._choices = [ALL_TASKS[TASK_INDEX[n]] for n in names]
             default_steps = (
                 max(t.max_episode_steps for t in self._choices) if cfg.multi_tasks else MULTI_MAX_EPISODE_STEPS
@@ -147,13 +147,13 @@ class TabletopEnv(SingleEnv):
             self._choices = [ALL_TASKS[TASK_INDEX[cfg.task]]]
             default_steps = self._choices[0].max_episode_steps
         else:
-            raise EnvError(f"{cfg.env_id}: unknown task {cfg.task!r}; valid: {sorted(TASK_INDEX)} and {MULTI!r}")
+            raise EnvConfigError(f"{cfg.env_id}: unknown task {cfg.task!r}; valid: {sorted(TASK_INDEX)} and {MULTI!r}")
         self.model = build_model(cfg.image_size)
         self.data = mujoco.MjData(self.model)
         self.ids = SceneIds.of(self.model)
         n_sub = round(1.0 / (cfg.control_freq * self.model.opt.timestep))
         if n_sub < 1 or abs(n_sub * cfg.control_freq * self.model.opt.timestep - 1.0) > 1e-6:
-            raise EnvError(
+            raise EnvConfigError(
                 f"{cfg.env_id}: control_freq={cfg.control_freq} Hz must divide the physics rate "
                 f"{1.0 / self.model.opt.timestep:.0f} Hz (e.g. 10 or 20)"
             )

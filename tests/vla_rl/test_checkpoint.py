@@ -223,7 +223,8 @@ def test_a_policy_that_is_neither_a_name_nor_a_folder(tmp_path: Path, capsys) ->
     with pytest.raises(SystemExit) as exc:
         run(["rollout", "--env.id", "mujoco/pick-red", "--policy", "nonsense"])
     assert exc.value.code == 2
-    assert "'nonsense' is neither a known policy name (random, expert) nor a policy folder" in _one_error_line(capsys)
+    assert "unknown policy name 'nonsense'. Known names: random, expert; a policy folder is given by its path" in (
+        _one_error_line(capsys))
 
 
 def test_a_missing_policy_path_is_one_sentence_and_debug_shows_the_traceback(tmp_path: Path, capsys,

@@ -26,6 +26,9 @@ import draccus
 import torch
 
 from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode
+from policies.io import CheckpointError, verify_policy_folder
+from sim.dataset import verify_dataset
+from vla_core.manifest import IntegrityError, move_aside
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.commands import COMMANDS
@@ -190,7 +193,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     # 1. demos (cached across runs)
     t = time.perf_counter()
     demo_root = _demo_root(cfg)
-    if not (demo_root / "meta" / "info.json").exists():
+    if not _reusable(demo_root, "demo cache", _verify_demos):
         print(f"[1/4] collecting {cfg.demos} expert demos -> {demo_root}")
         with cfg.env.make(num_envs=_demo_envs(cfg), seed=_demo_seed(cfg)) as env:
             collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos",
@@ -202,7 +205,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     # 2. few-shot imitation pre-training (skipped when the run already has it)
     t = time.perf_counter()
     sft_dir = run_dir / "sft_policy"
-    if not (sft_dir / "config.json").exists():
+    if not _reusable(sft_dir, "pre-trained policy", verify_policy_folder):
         print(f"[2/4] pre-training on {cfg.sft.episodes or cfg.demos} demos")
         seed_everything(cfg.seed)
         policy = build_policy(train_cfg.policy, spec)
@@ -246,6 +249,25 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     print(f"success {before.success_rate:.2f} -> {after.success_rate:.2f} over {after.episodes} held-out episodes "
           f"(after: 95% CI {after.ci_low:.2f}-{after.ci_high:.2f}); {summary['wall_seconds']:.0f} s")
     return summary
+
+
+def _verify_demos(root: Path) -> None:
+    if not (root / "meta" / "info.json").is_file():
+        raise IntegrityError(f"{root / 'meta' / 'info.json'} is missing")
+    verify_dataset(root)
+
+
+def _reusable(folder: Path, what: str, verify: Callable[[Path], Any]) -> bool:
+    """Whether a stage's output ``folder`` exists and verifies (``verify`` raises otherwise). A damaged one is
+    moved aside (``<name>.damaged-<n>``, never deleted) and reported in one line, so the stage runs again."""
+    if not folder.exists():
+        return False
+    try:
+        verify(folder)
+    except (IntegrityError, CheckpointError) as exc:
+        print(f"note: {what} {folder} does not verify ({exc}); moved aside to {move_aside(folder).name}, redoing")
+        return False
+    return True
 
 
 def _train_config(cfg: QuickstartConfig, run_dir: Path, policy_path: str) -> TrainConfig:

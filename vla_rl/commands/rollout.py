@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import torch
 
 from sim import Obs, VecEnv, list_envs
+from vla_core.manifest import write_text_atomic
 from vla_rl.commands import COMMANDS
 from vla_rl.config import ConfigError, RolloutConfig, default_runs_dir
 from vla_rl.evaluation import EvalResult, evaluate_episodes, evaluate_policy
@@ -32,6 +35,30 @@ def action_source(name: str, env: VecEnv, seed: int) -> ActionFn:
     raise ConfigError(f"policy: expected 'random', 'expert' or a checkpoint folder, got {name!r}")
 
 
+POLICY_NAMES = ("random", "expert")
+"""The action sources ``--policy`` takes by name; anything else is a policy folder."""
+
+
+def check_policy_arg(policy: str) -> None:
+    """Check ``--policy``: a known name, or a path to an existing folder; the two are told apart.
+
+    Raises:
+        ConfigError: for a path-like value (it has a ``/``, or starts with ``.`` or ``~``) that is no folder,
+            naming the path; for any other unknown value, naming it as an unknown name (with the close ones).
+    """
+    if policy in POLICY_NAMES or Path(policy).is_dir():
+        return
+    path = Path(policy).expanduser()
+    if "/" in policy or os.sep in policy or policy.startswith((".", "~")) or path.exists():
+        what = "is a file, not a folder" if path.is_file() else "does not exist"
+        raise ConfigError(f"policy: the policy folder {policy} {what}; expected a folder with config.json and "
+                          "model.safetensors (e.g. <run>/checkpoints/best/policy)")
+    close = difflib.get_close_matches(policy, POLICY_NAMES, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"policy: unknown policy name {policy!r}.{hint} Known names: {', '.join(POLICY_NAMES)}; "
+                      "a policy folder is given by its path (e.g. ./runs/<run>/checkpoints/best/policy)")
+
+
 @COMMANDS.register("rollout", config=RolloutConfig, help="run a policy (random, expert or checkpoint) in an env")
 def rollout(cfg: RolloutConfig) -> EvalResult:
     """Run ``cfg.policy`` in ``cfg.env`` for ``cfg.episodes`` episodes and write ``rollout.json``.
@@ -42,10 +69,8 @@ def rollout(cfg: RolloutConfig) -> EvalResult:
     """
     out = Path(cfg.output_dir) if cfg.output_dir else default_runs_dir() / f"rollout-{cfg.env.id.replace('/', '-')}"
     policy = None
-    if cfg.policy not in ("random", "expert") and not Path(cfg.policy).is_dir():
-        raise ConfigError(f"policy: {cfg.policy!r} is neither a known policy name (random, expert) nor a policy "
-                          "folder (one with config.json and model.safetensors)")
-    if cfg.policy not in ("random", "expert"):  # a checkpoint folder
+    check_policy_arg(cfg.policy)
+    if cfg.policy not in POLICY_NAMES:  # a checkpoint folder
         from policies.io import checkpoint_cameras
         from policies.loading import load_policy
 
@@ -61,7 +86,7 @@ def rollout(cfg: RolloutConfig) -> EvalResult:
             stats = evaluate_policy(env, policy, cfg.episodes, cfg.env.seed, video_path=video, desc="rollout")
     out.mkdir(parents=True, exist_ok=True)
     summary = {**asdict(stats), "env_id": cfg.env.id, "policy": cfg.policy}
-    (out / "rollout.json").write_text(json.dumps(summary, indent=2))
+    write_text_atomic(out / "rollout.json", json.dumps(summary, indent=2))
     print(
         f"{cfg.env.id}: success {stats.successes}/{stats.episodes} "
         f"(95% CI {stats.ci_low:.2f}-{stats.ci_high:.2f}), mean return {stats.mean_return:.2f}"

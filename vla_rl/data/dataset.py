@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from sim.core import EnvSpec, TensorSpec
+from sim.dataset import verify_dataset
 from vla_core.keys import (
     ACTION,
     INTERVENTION,
@@ -124,10 +125,15 @@ def _info(root: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DatasetError(f"{root} is not a LeRobotDataset (no meta/info.json); record one with `vla-rl collect` "
                            "or LeRobot's tools")
+    verify_dataset(root, hashes=False)  # sizes: a truncated or empty file is named here (load_dataset hashes too)
     try:
         info = json.loads(path.read_text())
-    except ValueError as exc:
-        raise DatasetError(f"{path}: unreadable JSON ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise DatasetError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(info, dict):
+        raise DatasetError(f"{path}: expected a JSON object (LeRobot's dataset info)")
     if not isinstance(info.get("features"), dict):
         raise DatasetError(f"{path} lists no features")
     return info
@@ -156,6 +162,8 @@ def dataset_spec(root: str | Path) -> DatasetSpec:
 
     Raises:
         DatasetError: naming ``root`` when it is not a LeRobotDataset or has no ``action`` feature.
+        IntegrityError: naming a file that is missing, truncated or malformed (:func:`sim.dataset.verify_dataset`,
+            sizes only).
     """
     root = Path(root)
     info = _info(root)
