@@ -8,9 +8,11 @@ actions (``env.step_chunk``, as training does), paying their own auto-resets:
 - ``single``: ``libero/libero_spatial/0``, the single-task env (init state from the seed);
 - ``suite``: ``libero/libero_spatial`` with all weight on task 0 (``schedule_tasks``): the same scene, no
   switching, so the difference to ``single`` is the layer itself;
-- ``suite-switch``: ``libero/libero_spatial`` drawing uniformly over its 10 tasks at every reset, with
-  ``task_cache`` 10 (every task's scene built once per slot during warm-up, kept after): task switching
-  without scene builds (with the default cache of 4 most switches build a scene, ~1-3 s each: see the docs).
+- ``suite-switch``: ``libero/libero_spatial`` drawing uniformly over its first ``--switch-tasks`` (3) tasks
+  at every reset, with ``task_cache`` equal to that (each scene built once per slot during warm-up, kept
+  after): task switching without scene builds. A switch to a task outside the cache builds its scene
+  (~1-3 s on an idle machine); every cached rendered scene holds ~0.2 GB per slot (10 per worker were
+  OOM-killed on the shared 24 GiB machine), so the full-suite cost is the cache size, not the switch.
 
 Episodes are cut at ``--max-steps`` (all sides) so a run sees many resets. Timed blocks rotate the side
 order every repeat (the machine is shared: medians over repeats, each side with the same load pattern).
@@ -61,13 +63,13 @@ class Side:
         env_id = "libero/libero_spatial/0" if name == "single" else "libero/libero_spatial"
         options: dict[str, Any] = {"obs_mode": "rgb", "image_size": args.image_size, "max_episode_steps": args.max_steps}
         if name == "suite-switch":
-            options["task_cache"] = 10
+            options["task_cache"] = args.switch_tasks
         before = {p.pid for p in mp.active_children()}
         self.env = make_env(env_id, num_envs=args.envs, seed=args.seed, num_workers=args.workers, **options)
         self.pids = sorted({p.pid for p in mp.active_children()} - before)
-        if name == "suite":
+        if name != "single":
             weights = np.zeros(len(self.env.spec.tasks))
-            weights[0] = 1.0
+            weights[: 1 if name == "suite" else args.switch_tasks] = 1.0
             self.env.schedule_tasks(weights=weights)
         self.rng = np.random.default_rng(args.seed + 1)
         self.tasks: set[int] = set()
@@ -89,6 +91,15 @@ class Side:
         return time.perf_counter() - t0, self.cpu() - cpu, chunks * horizon * n, resets
 
 
+def _rss_gb(pid: int) -> float:
+    """Resident memory of process ``pid`` in GB (0 if unreadable)."""
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0.0
+    return int(line.split()[1]) / 1e6
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Build the sides, warm them up (untimed), then ``--repeats`` rotated rounds of timed blocks."""
     t_build = time.perf_counter()
@@ -96,13 +107,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     build_s = time.perf_counter() - t_build
     print(f"built {len(sides)} sides in {build_s:.0f} s; warming up", flush=True)
     switch = sides["suite-switch"].env  # build every task's scene in both slots before timing
-    switch.schedule_tasks(plans={i: [Assignment(t) for t in range(10)] for i in range(switch.num_envs)})
-    for _ in range(10):
+    switch.schedule_tasks(plans={i: [Assignment(t) for t in range(args.switch_tasks)] for i in range(switch.num_envs)})
+    for _ in range(args.switch_tasks):
         switch.reset()
     for side in sides.values():
         side.run(args.warmup, args.chunk)
-    if len(sides["suite-switch"].tasks) < 10:
-        print(f"note: warm-up reached {len(sides['suite-switch'].tasks)} of 10 tasks on suite-switch", flush=True)
     blocks: dict[str, list[dict[str, float]]] = {name: [] for name in SIDES}
     for r in range(args.repeats):
         order = SIDES[r % 3:] + SIDES[: r % 3]
@@ -111,6 +120,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             blocks[name].append({"wall_s": wall, "cpu_s": cpu, "steps": steps, "resets": resets, "sps": steps / wall})
         print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{n} {blocks[n][-1]['sps']:.1f}" for n in SIDES), flush=True)
     tasks = sorted(sides["suite-switch"].tasks)
+    rss = {name: sum(_rss_gb(p) for p in side.pids) for name, side in sides.items()}
     for side in sides.values():
         side.env.close()
     out: dict[str, Any] = {"build_s": build_s, "suite_switch_tasks": tasks, "sides": {}}
@@ -119,7 +129,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         out["sides"][name] = {
             "median_sps": statistics.median(b["sps"] for b in rows),
             "cpu_ms_per_step": 1e3 * sum(b["cpu_s"] for b in rows) / sum(b["steps"] for b in rows),
-            "resets": sum(b["resets"] for b in rows), "blocks": rows,
+            "resets": sum(b["resets"] for b in rows), "workers_rss_gb": rss[name], "blocks": rows,
         }
     for name in ("suite", "suite-switch"):  # per repeat, each against the single-task block of the same round
         ratios = [s["sps"] / b["sps"] for s, b in zip(blocks[name], blocks["single"])]
@@ -137,23 +147,25 @@ def markdown(res: dict[str, Any], args: argparse.Namespace, command: str, wall_s
         f"(two cameras), `step_chunk` with chunks of {args.chunk} uniformly random actions, episodes cut at "
         f"{args.max_steps} steps (auto-resets paid: LIBERO's soft reset, init state, 10 settle steps). `single` = "
         "`libero/libero_spatial/0`; `suite` = `libero/libero_spatial` with all task weight on task 0 (same scene, "
-        "no switching); `suite-switch` = uniform over the 10 tasks at every reset, `task_cache 10`, every scene "
-        f"built during the untimed warm-up (tasks seen: {len(res['suite_switch_tasks'])}/10). "
+        "no switching); `suite-switch` = uniform over tasks 0-{args.switch_tasks - 1} at every reset, `task_cache "
+        f"{args.switch_tasks}`, each scene built during the untimed warm-up (tasks played in timed blocks: "
+        f"{res['suite_switch_tasks']}). "
         f"{args.repeats} rounds of {args.chunks} chunks per side, side order rotated every round; steps/s = median "
         "over rounds; ratio = per round against that round's `single` block, median [min-max]; CPU ms/step = "
-        "user + system time of this process and its 2 workers per env-step (less sensitive to load).",
+        "user + system time of this process and its workers per env-step (less sensitive to load); RSS = the "
+        "workers' resident memory at the end.",
         "",
         f"Run: `{command}` ({wall_s / 60:.1f} min, load average {load} at the end; {platform.machine()}, "
         f"{os.cpu_count()} CPUs shared with other engineers' jobs, OMP_NUM_THREADS=1). Absolute numbers are noisy.",
         "",
-        "| side | steps/s (median) | ratio vs single | CPU ms/step | resets |",
-        "|---|---:|---|---:|---:|",
+        "| side | steps/s (median) | ratio vs single | CPU ms/step | resets | workers' RSS GB |",
+        "|---|---:|---|---:|---:|---:|",
     ]
     for name in SIDES:
         r = s[name].get("ratio_vs_single")
         ratio = f"{r['median']:.3f} [{r['min']:.2f}-{r['max']:.2f}]" if r else "1"
         lines.append(f"| {name} | {s[name]['median_sps']:.1f} | {ratio} | {s[name]['cpu_ms_per_step']:.1f} | "
-                     f"{s[name]['resets']} |")
+                     f"{s[name]['resets']} | {s[name]['workers_rss_gb']:.1f} |")
     return "\n".join(lines)
 
 
@@ -167,6 +179,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=20, help="episode limit (short: many resets and switches)")
     p.add_argument("--warmup", type=int, default=8, help="untimed chunks per side after the scenes are built")
     p.add_argument("--repeats", type=int, default=6, help="rounds (a multiple of 3 rotates the order evenly)")
+    p.add_argument("--switch-tasks", type=int, default=3, help="suite-switch: tasks drawn from (all cached)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--write", type=Path, help="replace the section in this markdown file")
     args = p.parse_args()
