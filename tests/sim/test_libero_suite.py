@@ -6,9 +6,6 @@ Skipped (with the reason) where hf-libero or its assets are missing. Tests that 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -17,25 +14,10 @@ from sim import OBS_ENV_STATE, TASK, EnvError, make_env
 from sim.backends import libero as backend
 from sim.backends.libero_suite import task_facts
 from sim.tasks import TASK_INDEX, Assignment
-from tests.sim.test_libero import _load_script
+from tests.sim.test_libero import config_dir  # noqa: F401  (fixture)
 from vla_rl.evaluation import evaluate_per_task
 
 SUITE = "libero/libero_spatial"
-
-
-@pytest.fixture(scope="module")
-def config_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A LIBERO config folder; the one this process already imported LIBERO with, if any (LIBERO binds one)."""
-    loaded = sys.modules.get("libero.libero")
-    if loaded is not None:
-        return str(Path(loaded.config_file).parent)
-    script = _load_script()
-    target = tmp_path_factory.mktemp("libero_config")
-    try:
-        script.write_config(target)
-    except script.SetupError as exc:
-        pytest.skip(f"LIBERO is not installed: {exc}")
-    return str(target)
 
 
 def _suite(config_dir: str, n: int = 1, env_id: str = SUITE, **kw):
