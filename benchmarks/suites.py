@@ -11,8 +11,8 @@ actions (``env.step_chunk``, as training does), paying their own auto-resets:
 - ``suite-switch``: ``libero/libero_spatial`` drawing uniformly over its first ``--switch-tasks`` (3) tasks
   at every reset, with ``task_cache`` equal to that (each scene built once per slot during warm-up, kept
   after): task switching without scene builds. A switch to a task outside the cache builds its scene
-  (~1-3 s on an idle machine); every cached rendered scene holds ~0.2 GB per slot (10 per worker were
-  OOM-killed on the shared 24 GiB machine), so the full-suite cost is the cache size, not the switch.
+  (~1-3 s on an idle machine); every extra cached rendered scene held ~1 GB per worker here (a worker
+  caching all 10 was OOM-killed on the shared 24 GiB machine), so the full-suite cost is memory, not the switch.
 
 Episodes are cut at ``--max-steps`` (all sides) so a run sees many resets. Timed blocks rotate the side
 order every repeat (the machine is shared: medians over repeats, each side with the same load pattern).
@@ -147,7 +147,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace, command: str, wall_s
         f"(two cameras), `step_chunk` with chunks of {args.chunk} uniformly random actions, episodes cut at "
         f"{args.max_steps} steps (auto-resets paid: LIBERO's soft reset, init state, 10 settle steps). `single` = "
         "`libero/libero_spatial/0`; `suite` = `libero/libero_spatial` with all task weight on task 0 (same scene, "
-        "no switching); `suite-switch` = uniform over tasks 0-{args.switch_tasks - 1} at every reset, `task_cache "
+        f"no switching); `suite-switch` = uniform over tasks 0-{args.switch_tasks - 1} at every reset, `task_cache "
         f"{args.switch_tasks}`, each scene built during the untimed warm-up (tasks played in timed blocks: "
         f"{res['suite_switch_tasks']}). "
         f"{args.repeats} rounds of {args.chunks} chunks per side, side order rotated every round; steps/s = median "
