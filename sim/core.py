@@ -72,6 +72,8 @@ class EnvSpec:
         cameras: camera names, in the order of their image keys.
         tasks: a multi-task env's task names, indexed by the ``task_index`` observation
             (:mod:`sim.tasks`); empty for a single-task env.
+        init_states: per task of ``tasks``, how many fixed init states it has (LIBERO: 50), the range
+            an :class:`sim.tasks.Assignment`'s ``init`` may name; empty where episodes start from seeds.
     """
 
     env_id: str
@@ -81,6 +83,7 @@ class EnvSpec:
     control_freq: float
     cameras: tuple[str, ...] = field(default=())
     tasks: tuple[str, ...] = field(default=())
+    init_states: tuple[int, ...] = field(default=())
 
     @property
     def action_dim(self) -> int:

@@ -21,12 +21,12 @@ This module imports no simulator.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from sim.core import EnvError
+from sim.core import EnvError, EnvSpec
 
 TASK_INDEX = "task_index"
 """Observation key: ``int64 [B]`` index into ``EnvSpec.tasks`` of each slot's current task."""
@@ -59,6 +59,22 @@ def check_weights(weights: Sequence[float] | np.ndarray, num_tasks: int, env_id:
     if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
         raise EnvError(f"{env_id}: task weights must be finite, >= 0 and not all 0, got {w.tolist()}")
     return w / w.sum()
+
+
+def check_plans(plans: Iterable[Sequence[Assignment]], spec: EnvSpec) -> None:
+    """Check queued assignments against ``spec`` before any env (or worker process) sees them.
+
+    Raises:
+        EnvError: one line naming the env id, the task and the index, for a task index out of range or an
+            ``init`` beyond the task's fixed init states (:attr:`sim.core.EnvSpec.init_states`).
+    """
+    for plan in plans:
+        for a in plan:
+            if not 0 <= a.task < len(spec.tasks):
+                raise EnvError(f"{spec.env_id}: assigned task index {a.task} out of range (tasks 0-{len(spec.tasks) - 1})")
+            if spec.init_states and not -1 <= a.init < spec.init_states[a.task]:
+                raise EnvError(f"{spec.env_id}: task {spec.tasks[a.task]} has no init state {a.init} "
+                               f"(it has {spec.init_states[a.task]}: 0-{spec.init_states[a.task] - 1})")
 
 
 class TaskSchedule:

@@ -37,7 +37,7 @@ import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes
 from sim.chunk import ChunkHold
 from sim.core import TASK, ChunkSteps, EnvError, EnvSpec, Obs, VecEnv, normalize_env_ids, seeds_for_ids
 from sim.single import SingleEnv
-from sim.tasks import TASK_INDEX, check_weights
+from sim.tasks import TASK_INDEX, check_plans, check_weights
 
 EnvFactory = Callable[[], SingleEnv]
 
@@ -118,6 +118,7 @@ class _Bookkeeping(VecEnv):
         bad = [i for i in plans if not 0 <= int(i) < self.num_envs]
         if bad:
             raise EnvError(f"{self.spec.env_id}: task plan for env {bad[0]} out of range (num_envs={self.num_envs})")
+        check_plans(plans.values(), self.spec)
         return w, plans
 
     def _reset_books(self, ids: list[int]) -> None:

@@ -76,6 +76,8 @@ class EnvConfig:
             always = ", ".join(f"{b}/*" for b in backends_with_wrist_camera(WristCamera.ALWAYS))
             raise ConfigError(f"env.wrist_camera: {self.id} has no optional wrist camera (these have: {optional}; "
                               f"these always render one: {always or 'none'})")
+        if self.tasks.train_init_states:  # a backend option of the envs with fixed init states (LIBERO suites)
+            options["train_init_states"] = self.tasks.train_init_states
         return make_env(
             self.id, num_envs=self.num_envs if num_envs is None else num_envs,
             seed=self.seed if seed is None else seed, **options,

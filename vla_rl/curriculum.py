@@ -44,6 +44,12 @@ class TaskSamplingConfig:
     holdout: list[str] = field(default_factory=list)
     """Task names (``EnvSpec.tasks``, e.g. ``libero_spatial/3`` or ``stack-red-on-green``) kept out of
     training; evaluation then runs on these tasks only."""
+    train_init_states: int = 0
+    """Envs with fixed init states (LIBERO suites): training resets start from each task's first N init
+    states and the ``per_task`` evaluation from init states N, N+1, ..., so the two never share one (checked
+    against each task's count when the env is built). 0 = no split: training draws from all of them and
+    evaluation plays init states 0, 1, ... as the published recipes do (their numbers are on init states
+    also trained from)."""
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -52,6 +58,15 @@ class TaskSamplingConfig:
             raise ValueError(f"env.tasks.window must be >= 2, got {self.window}")
         if self.floor < 0:
             raise ValueError(f"env.tasks.floor must be >= 0, got {self.floor}")
+        if self.train_init_states < 0:
+            raise ValueError(f"env.tasks.train_init_states must be >= 0 (0 = all), got {self.train_init_states}")
+
+
+def spread(tasks: Sequence[int], limit: int) -> list[int]:
+    """At most ``limit`` of ``tasks`` (0 = all), evenly spread, so a few tasks of a suite union span its suites."""
+    if not 0 < limit < len(tasks):
+        return list(tasks)
+    return [tasks[i] for i in np.linspace(0, len(tasks) - 1, limit).round().astype(int)]
 
 
 def curriculum_weights(success: np.ndarray, seen: np.ndarray, floor: float) -> np.ndarray:

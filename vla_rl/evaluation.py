@@ -178,6 +178,7 @@ def evaluate_policy(
     tasks: Sequence[int] | None = None,
     episodes_per_task: int = 50,
     shard: EvalShard | None = None,
+    first_init: int = 0,
 ) -> EvalResult:
     """:func:`evaluate_episodes` (or, given ``tasks``, :func:`evaluate_per_task`) of ``policy``'s deterministic actions (:attr:`ActMode.EVAL`), on its own RNG stream.
 
@@ -194,7 +195,7 @@ def evaluate_policy(
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         if tasks is not None:
-            res = evaluate_per_task(env, act, tasks, episodes_per_task, seed, exec_steps, desc, progress)
+            res = evaluate_per_task(env, act, tasks, episodes_per_task, seed, exec_steps, desc, progress, first_init)
         else:
             res = evaluate_episodes(env, act, episodes, seed, exec_steps, video_path, video_envs, desc, progress,
                                     shard)
@@ -211,11 +212,13 @@ def evaluate_per_task(
     exec_steps: int = 0,
     desc: str = "eval",
     progress: bool = True,
+    first_init: int = 0,
 ) -> EvalResult:
     """The benchmarks' protocol on a multi-task env: every task of ``tasks`` for ``episodes_per_task`` episodes.
 
-    Episode ``k`` of task ``t`` is :class:`sim.tasks.Assignment` ``(t, init=k, seed=seed + k)``: on LIBERO
-    suites the benchmark's fixed init state ``k`` (LIBERO's protocol: 50 per task, each once), elsewhere
+    Episode ``k`` of task ``t`` is :class:`sim.tasks.Assignment` ``(t, init=first_init + k, seed=seed + k)``: on
+    LIBERO suites the benchmark's fixed init state ``first_init + k`` (LIBERO's protocol: 50 per task, each once;
+    ``first_init`` skips the init states training draws from), elsewhere
     seed ``seed + k`` (ManiSkill's fixed seeds per task). The episodes are dealt round-robin over the env
     slots as queued assignments, so auto-resets inside worker processes follow them; slot ``i`` counts
     exactly the episodes it was dealt. The headline ``success_rate`` is the mean of the per-task rates
@@ -229,7 +232,7 @@ def evaluate_per_task(
     names = env.spec.tasks
     if not names:
         raise EnvError(f"{env.spec.env_id}: eval.protocol per_task needs a multi-task env (EnvSpec.tasks is empty)")
-    plan = [Assignment(t, init=k, seed=seed + k) for k in range(episodes_per_task) for t in tasks]
+    plan = [Assignment(t, init=first_init + k, seed=seed + k) for k in range(episodes_per_task) for t in tasks]
     plans = split_plans(plan, env.num_envs)
     quota = [len(plans[i]) for i in range(env.num_envs)]
     env.schedule_tasks(plans=plans)

@@ -10,7 +10,8 @@ and denoising steps are :mod:`policies.smoke`'s):
 - sizes are *capped*, never raised: ``num_envs <= 2``, ``iterations <= 2``,
   ``max_episode_steps <= 8``, ``decisions_per_iter`` just enough for one
   episode, one epoch,
-  ``group_size <= 2``, two eval episodes (one per task under ``eval.protocol per_task``), no video, no wandb / TensorBoard;
+  ``group_size <= 2``, two eval episodes (under ``eval.protocol per_task``: one per task on at most
+  4 tasks spread over the suite, each a scene to build), no video, no wandb / TensorBoard;
   a value given on the command line below a cap is kept;
 - envs run in this process (``num_workers 0``) with 32 px images, or in state
   mode for policies that need no camera;
@@ -43,6 +44,7 @@ MAX_DECISIONS = 2
 MAX_GROUP = 2
 IMAGE_SIZE = 32
 EVAL_EPISODES = 2
+MAX_EVAL_TASKS = 4
 
 
 def apply_smoke(cfg: TrainConfig) -> TrainConfig:
@@ -71,7 +73,7 @@ def apply_smoke(cfg: TrainConfig) -> TrainConfig:
         max_episode_steps=max_episode_steps,
     )
     evals = replace(cfg.eval, episodes=min(cfg.eval.episodes, EVAL_EPISODES), num_envs=MAX_ENVS, every=0, video=False,
-                    episodes_per_task=1)
+                    episodes_per_task=1, max_tasks=cap(cfg.eval.max_tasks, MAX_EVAL_TASKS))
     logging = replace(cfg.logging, wandb=False, tensorboard=False)
     return replace(cfg, env=env, algo=algo, eval=evals, logging=logging, policy=policy,
                    iterations=min(cfg.iterations, MAX_ITERATIONS), exec_steps=exec_steps, checkpoint_every=1)

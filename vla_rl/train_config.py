@@ -92,6 +92,9 @@ class EvalConfig:
     with per-task 95% intervals (:func:`vla_rl.evaluation.evaluate_per_task`)."""
     episodes_per_task: int = 50
     """``per_task`` protocol: episodes per task (LIBERO's protocol: 50, one per init state)."""
+    max_tasks: int = 0
+    """``per_task`` protocol: evaluate at most this many of the evaluated tasks, evenly spread over them
+    (0 = all, the benchmarks' protocol; ``--smoke`` evaluates a few)."""
 
 
 @dataclass
@@ -194,6 +197,8 @@ class TrainConfig:
                 f"({self.env.max_episode_steps}): one decision would span several episodes"
             )
 
+        if self.eval.max_tasks < 0:
+            raise ValueError(f"eval.max_tasks must be >= 0 (0 = all), got {self.eval.max_tasks}")
         if self.eval.protocol not in ("seeds", "per_task"):
             raise ValueError(f"eval.protocol must be 'seeds' or 'per_task', got {self.eval.protocol!r}")
         if self.eval.episodes_per_task < 1:

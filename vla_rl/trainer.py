@@ -30,7 +30,7 @@ from vla_core.manifest import write_text_atomic
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
-from vla_rl.curriculum import TaskCurriculum
+from vla_rl.curriculum import TaskCurriculum, spread
 from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
 from vla_rl.distributed import SINGLE, Distributed, rank_seed
 from vla_rl.evaluation import EvalResult, EvalShard, evaluate_policy
@@ -74,10 +74,41 @@ def task_curriculum(cfg: TrainConfig, spec: EnvSpec) -> TaskCurriculum | None:
                               "hold-out and the per_task protocol need a multi-task id (mujoco/multi, "
                               "libero/<suite>, maniskill/TabletopSet-v1)")
         return None
+    check_init_state_split(cfg, spec)
     try:
         return TaskCurriculum(spec.tasks, cfg.env.tasks)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_init_state_split(cfg: TrainConfig, spec: EnvSpec) -> None:
+    """Check that the ``per_task`` evaluation's init states exist and stay apart from the training ones.
+
+    With ``env.tasks.train_init_states N`` training draws each task's init states ``[0, N)`` and the ``per_task``
+    protocol plays ``[N, N + eval.episodes_per_task)``; both must fit every task's count
+    (``EnvSpec.init_states``). With N = 0 the evaluation plays ``[0, eval.episodes_per_task)``.
+
+    Raises:
+        ConfigError: naming the fields, for a split on an env without fixed init states or under the ``seeds``
+            protocol (whose episodes draw their init states like training's), or a range that does not fit.
+    """
+    n, episodes = cfg.env.tasks.train_init_states, cfg.eval.episodes_per_task
+    if n and not spec.init_states:
+        raise ConfigError(f"env.tasks.train_init_states: {cfg.env.id} has no fixed init states (LIBERO suite ids "
+                          "have); its evaluation is kept apart by eval.seed")
+    if n and cfg.eval.protocol != "per_task":
+        raise ConfigError("env.tasks.train_init_states needs eval.protocol per_task: the seeds protocol draws its "
+                          "episodes' init states from the training ones")
+    if not spec.init_states or cfg.eval.protocol != "per_task":
+        return
+    fewest = min(range(len(spec.tasks)), key=lambda t: spec.init_states[t])
+    count, where = spec.init_states[fewest], f"{cfg.env.id} task {spec.tasks[fewest]}"
+    if n and n + episodes > count:
+        raise ConfigError(f"env.tasks.train_init_states={n} + eval.episodes_per_task={episodes} exceed the {count} "
+                          f"init states of {where}: training and evaluation init states would overlap; lower one")
+    if episodes > count:
+        raise ConfigError(f"eval.episodes_per_task={episodes} exceeds the {count} init states of {where} "
+                          "(the per_task protocol plays each once)")
 
 
 class Trainer:
@@ -113,14 +144,16 @@ class Trainer:
 
         # Seeded like the env (evaluate_policy): the same policy always scores the same, the before and after
         # evaluations share their flow noise, and the training RNG stream is left untouched.
-        tasks = self.curriculum.eval_tasks if cfg.eval.protocol == "per_task" and self.curriculum else None
+        tasks = (spread(self.curriculum.eval_tasks, cfg.eval.max_tasks)
+                 if cfg.eval.protocol == "per_task" and self.curriculum else None)
         seed, shard = cfg.eval.seed, None
         if dist.enabled and tasks is None:  # this rank plays its slice of the evaluation envs; episodes gathered
             shard = EvalShard(cfg.eval_envs, dist.rank * env.num_envs, dist.gather_objects)
             seed += shard.offset
         res = evaluate_policy(env, policy, cfg.eval.episodes, seed, cfg.exec_steps, video,
                               cfg.eval.video_envs, desc=f"eval {tag}", progress=dist.is_main, tasks=tasks,
-                              episodes_per_task=cfg.eval.episodes_per_task, shard=shard)
+                              episodes_per_task=cfg.eval.episodes_per_task, shard=shard,
+                              first_init=cfg.env.tasks.train_init_states)
         if res.video:
             logger.log_video(iteration, "eval/video", res.video, env.spec.control_freq)
         return res

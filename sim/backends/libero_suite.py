@@ -44,7 +44,7 @@ from sim.backends.libero import (
 )
 from sim.core import OBS_ENV_STATE, OBS_STATE, EnvError, EnvSpec, TensorSpec, image_key
 from sim.single import SingleEnv, StepOut
-from sim.tasks import TASK_INDEX, Assignment, TaskSchedule
+from sim.tasks import TASK_INDEX, Assignment, TaskSchedule, check_plans
 
 def suite_members(name: str) -> tuple[str, ...]:
     """The suites a suite id covers: itself, or those of a union (:data:`SUITE_UNIONS`)."""
@@ -122,7 +122,7 @@ class LiberoSuiteEnv(SingleEnv):
         self.spec = EnvSpec(
             env_id=env_id, observation=obs, action=TensorSpec((ACTION_DIM,), torch.float32, -1.0, 1.0),
             max_episode_steps=steps, control_freq=CONTROL_FREQ, cameras=tuple(CAMERAS) if rgb else (),
-            tasks=tuple(f.name for f in self._facts),
+            tasks=tuple(f.name for f in self._facts), init_states=tuple(f.init_states for f in self._facts),
         )
         self.schedule = TaskSchedule(len(self._facts), env_id)
         self._rng = np.random.default_rng()
@@ -177,10 +177,7 @@ class LiberoSuiteEnv(SingleEnv):
 
     def schedule_tasks(self, weights: np.ndarray | None, plan: list[Assignment] | None) -> None:
         """Task weights / queued (task, init state, seed) assignments; see :mod:`sim.tasks`."""
-        for a in plan or ():
-            if 0 <= a.task < len(self._facts) and a.init >= self._facts[a.task].init_states:
-                raise EnvError(f"{self.spec.env_id}: init state {a.init} out of range for task "
-                               f"{self._facts[a.task].name} ({self._facts[a.task].init_states} init states)")
+        check_plans([plan or ()], self.spec)
         self.schedule.set(weights, plan)
 
     def close(self) -> None:

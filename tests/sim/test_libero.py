@@ -38,7 +38,11 @@ def _load_script() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def config_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A fresh LIBERO config folder written by scripts/libero_config.py."""
+    """A fresh LIBERO config folder written by scripts/libero_config.py; the one this process already imported
+    LIBERO with, if another test module did (LIBERO binds one config folder per process)."""
+    loaded = sys.modules.get("libero.libero")
+    if loaded is not None:
+        return str(Path(loaded.config_file).parent)
     script = _load_script()
     target = tmp_path_factory.mktemp("libero_config")
     try:

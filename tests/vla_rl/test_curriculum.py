@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+
 import numpy as np
 import pytest
 import torch
 
-from sim import make_env
+from sim import EnvSpec, TensorSpec, make_env
 from sim.tasks import TASK_INDEX
-from vla_rl.curriculum import TaskCurriculum, TaskSamplingConfig, curriculum_weights, progress_weights
+from vla_rl.cli import parse_config
+from vla_rl.config import ConfigError
+from vla_rl.curriculum import TaskCurriculum, TaskSamplingConfig, curriculum_weights, progress_weights, spread
 from vla_rl.evaluation import evaluate_per_task
+from vla_rl.smoke import apply_smoke
+from vla_rl.train_config import TrainConfig
+from vla_rl.trainer import check_init_state_split
 
 TASKS = ["a", "b", "c", "d"]
 
@@ -85,3 +94,62 @@ def test_per_task_protocol_runs_each_task_episode_once_and_only_eval_tasks():
     assert all(row["episodes"] == 4 for row in res.per_task.values())
     assert res.episodes == 12 and set(started) <= {1, 5, 7} | set(range(12))
     assert all(not p for p in plans_seen[-1].values())  # queues cleared afterwards
+
+
+def test_spread_picks_evenly_spaced_tasks():
+    assert spread(list(range(40)), 4) == [0, 13, 26, 39]
+    assert spread([3, 5], 4) == [3, 5] and spread([3, 5, 8], 0) == [3, 5, 8]
+
+
+def _spec(init_states: tuple[int, ...]) -> EnvSpec:
+    return EnvSpec("libero/libero_spatial", {}, TensorSpec((7,), torch.float32), 220, 20.0,
+                   tasks=tuple(f"libero_spatial/{i}" for i in range(len(init_states))), init_states=init_states)
+
+
+@pytest.mark.parametrize("args, spec, message", [
+    (["--env.tasks.train_init_states", "40", "--eval.episodes_per_task", "11"], (50, 50, 50),
+     "env.tasks.train_init_states=40 + eval.episodes_per_task=11 exceed the 50 init states of "
+     "libero/libero_spatial task libero_spatial/0: training and evaluation init states would overlap"),
+    (["--env.tasks.train_init_states", "10", "--eval.episodes_per_task", "35"], (50, 44, 50),
+     "exceed the 44 init states of libero/libero_spatial task libero_spatial/1"),
+    (["--eval.episodes_per_task", "60"], (50, 50), "eval.episodes_per_task=60 exceeds the 50 init states"),
+    (["--env.tasks.train_init_states", "40", "--eval.protocol", "seeds"], (50,), "needs eval.protocol per_task"),
+    (["--env.tasks.train_init_states", "40"], (), "has no fixed init states"),
+])
+def test_train_and_eval_init_states_must_not_overlap(args, spec, message):
+    cfg = parse_config(TrainConfig, ["--env.id", "libero/libero_spatial", "--eval.protocol", "per_task", *args])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_init_state_split(cfg, _spec(spec))
+
+
+def test_disjoint_split_passes_and_is_handed_to_the_env(monkeypatch):
+    cfg = parse_config(TrainConfig, ["--env.id", "libero/libero_spatial", "--eval.protocol", "per_task",
+                                     "--env.tasks.train_init_states", "40", "--eval.episodes_per_task", "10"])
+    check_init_state_split(cfg, _spec((50,) * 10))
+    plain = parse_config(TrainConfig, ["--env.id", "libero/libero_spatial", "--eval.protocol", "per_task"])
+    check_init_state_split(plain, _spec((50,) * 10))  # 0: the published setting, train on all 50
+    seen = []
+    monkeypatch.setattr("vla_rl.config.make_env", lambda env_id, **kw: seen.append(kw))
+    cfg.env.make()
+    plain.env.make()
+    assert seen[0]["train_init_states"] == 40 and "train_init_states" not in seen[1]  # other backends never see it
+
+
+def test_holdout_keeps_training_tasks_out_of_evaluation_and_held_out_tasks_out_of_training(tmp_path):
+    from vla_rl.trainer import Trainer
+
+    held = ["pick-green", "push-blue-to-pad", "stack-red-on-blue", "pick-blue"]
+    cfg = parse_config(TrainConfig, [
+        "--env.id", "mujoco/multi", "--env.num_envs", "8", "--env.image_size", "32", "--env.max_episode_steps", "8",
+        "--smoke", "true", "--policy.type", "compact-flow", "--algo.decisions_per_iter", "4",
+        "--eval.protocol", "per_task", "--eval.episodes_per_task", "1", "--env.tasks.holdout", f"[{', '.join(held)}]",
+        "--iterations", "2", "--run_dir", str(tmp_path),
+    ])
+    cfg = apply_smoke(cfg)
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=8))  # smoke caps it at 2
+    final = Trainer(cfg).run()
+    assert set(json.loads((tmp_path / "eval_after.json").read_text())["per_task"]) == set(held)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = {k.split("/")[1] for r in rows for k in r if k.startswith("task/") and k.endswith("/success")}
+    assert len(trained) >= 4 and not trained & set(held), trained  # 32 training episodes, none on a held-out task
+    assert final is not None

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from vla_rl.cli import CONFIG_DIR, parse_config
-from vla_rl.smoke import MAX_ENVS, apply_smoke
+from vla_rl.smoke import MAX_ENVS, MAX_EVAL_TASKS, apply_smoke
 from vla_rl.train_config import TrainConfig, policy_type
 
 TRAIN_PRESETS = {
@@ -68,21 +69,26 @@ def test_published_settings_in_presets():
 
 def _smoke_run(name: str, tmp_path: Path) -> dict:
     # A fresh process, as a user runs it (LIBERO, for one, binds its config folder once per process).
+    start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "vla_rl.cli", "train", "--preset", name, "--smoke", "true", "--iterations", "1",
          "--run_dir", str(tmp_path / name)], capture_output=True, text=True, timeout=900,
     )
+    print(f"{name}: --smoke true --iterations 1 took {time.perf_counter() - start:.0f} s")  # pytest -s shows it
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / name / "eval_after.json").read_text())
     assert result["episodes"] >= 1
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert any("update/loss" in r or "update/skipped" in r for r in rows), rows
     assert (tmp_path / name / "checkpoints" / "iter_000001").is_dir()
-    if name in SUITE_PRESETS:  # every task evaluated once under --smoke, and the report lists each
-        assert result["protocol"] == "per_task" and len(result["per_task"]) >= 7
+    if name in SUITE_PRESETS:  # under --smoke: a few tasks spread over the suite, each once; the report lists each
+        assert result["protocol"] == "per_task" and len(result["per_task"]) == MAX_EVAL_TASKS
+        assert all(row["episodes"] == 1 for row in result["per_task"].values())
         report = (tmp_path / name / "report.md").read_text()
         assert all(f"| {task} |" in report for task in result["per_task"])
         assert any(k.startswith("task/") for r in rows for k in r)
+        suites = {task.split("/")[0] for task in result["per_task"]}
+        assert name != "libero_standard_pi05_flownoise_ppo" or len(suites) == MAX_EVAL_TASKS  # spans the 4 suites
     return result
 
 
@@ -95,3 +101,17 @@ def test_smoke_run(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(set(TRAIN_PRESETS) - FAST))
 def test_smoke_run_slow(name, tmp_path):
     _smoke_run(name, tmp_path)
+
+
+@pytest.mark.slow
+def test_eval_init_states_overlapping_training_ones_are_one_line_exit_2(tmp_path):
+    """Caught in the main process before any scene is built or policy made: one line naming the fields."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "vla_rl.cli", "train", "--preset", "libero_spatial_pi0_flowsde_ppo", "--smoke", "true",
+         "--env.tasks.train_init_states", "50", "--run_dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "env.tasks.train_init_states=50 + eval.episodes_per_task=1 exceed the 50 init states of " \
+           "libero/libero_spatial task libero_spatial/0" in line

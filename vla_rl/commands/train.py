@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ from vla_rl.trainer import Trainer
 @COMMANDS.register("train", config=TrainConfig, help="fine-tuning with any registered learner (PPO, GRPO, ...): evaluation, logging, checkpoints")
 def train(cfg: TrainConfig) -> dict[str, Any]:
     cfg = apply_smoke(cfg)
+    start = time.perf_counter()
     result = Trainer(cfg).run()
+    result.setdefault("wall_seconds", time.perf_counter() - start)  # this process's share of a resumed run
     before, after = result["before"], result["after"]
     if not result.get("main", True):  # another rank of a distributed run: rank 0 reports
         return result
@@ -34,6 +37,7 @@ def write_train_report(cfg: TrainConfig, result: dict[str, Any]) -> Path:
     summary: dict[str, Any] = {
         "name": run_dir.name, "env_id": cfg.env.id, "policy": policy_type(cfg.policy), "algorithm": cfg.algo.type,
         "seed": cfg.seed, "env_steps": result["env_steps"], "eval_protocol": cfg.eval.protocol,
+        "wall_seconds": result.get("wall_seconds", 0.0),
     }
     for tag, res in (("before", before), ("after", after)):
         if res is not None:
