@@ -5,7 +5,9 @@
   registry of computed terms (learned reward models and constraint costs register there);
 - :mod:`rewards.config`: :class:`~rewards.config.RewardConfig`, term -> weight;
 - :mod:`rewards.compose`: :class:`~rewards.compose.RewardFunction`, a chunk's terms and weighted
-  reward (the one place weights are applied; the rollout engine calls it).
+  reward (the one place weights are applied; the rollout engine calls it);
+- :mod:`rewards.learned`: a success classifier and a process reward model trained on episodes, used as the
+  ``classifier`` and ``prm`` terms.
 """
 
 from rewards.compose import ChunkReward, RewardFunction, chunk_sum, weighted_step_reward
