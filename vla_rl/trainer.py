@@ -31,6 +31,7 @@ from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
 from vla_rl.evaluation import EvalResult, evaluate_policy
 from vla_rl.policy_factory import build_policy
+from vla_rl.reweigh import TRACE_DIR, save_reward_trace
 from vla_rl.rollout import Rollout, RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
 from vla_rl.train_config import TrainConfig, training_seed_range
@@ -163,6 +164,10 @@ class Trainer:
                 scalars.update(res.scalars())
                 last = res
             logger.log(step, scalars)
+            every = cfg.reward.save_terms_every
+            if isinstance(batch, Rollout) and every and done_iter % every == 0:  # for `vla-rl reward reweigh`
+                save_reward_trace(batch, self.run_dir / TRACE_DIR / f"iter_{done_iter:06d}.pt",
+                                  self._config_dict()["algo"], cfg.reward.weights())
             shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
             bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
                             eval=f"{last.success_rate:.2f}" if last else "-")

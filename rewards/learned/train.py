@@ -127,7 +127,7 @@ def fit_reward_model(kind: str, episodes: list[Episode], targets: list[Tensor], 
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                total += float(loss) * len(idx)
+                total += float(loss.detach()) * len(idx)
             bar.set_postfix(loss=f"{total / n:.4f}")
     return model.eval(), train_idx, held_idx
 
