@@ -122,7 +122,7 @@ def test_progress_model_learns_a_progress_label_on_tiny_data():
     model, _, held = fit_reward_model("progress", eps, targets, FitConfig(epochs=60, width=8, lr=3e-3, seed=0))
     m = progress_metrics(model, [eps[i] for i in held], [targets[i] for i in held])
     untrained = progress_metrics(RewardModel(model.config), [eps[i] for i in held], [targets[i] for i in held])
-    assert m["spearman"] >= 0.95 and m["mae"] <= 0.05 and untrained["mae"] >= 0.2, (m, untrained)
+    assert m["spearman"] >= 0.85 and m["mae"] <= 0.06 and untrained["mae"] >= 0.25, (m, untrained)
 
 
 def test_classifier_needs_both_outcomes():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from rewards.learned.train import FitConfig
-from vla_rl.commands import COMMANDS
+from vla_rl.commands import command_group
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
 
 SOURCE_POLICIES = ("expert", "random")
@@ -271,31 +270,8 @@ def reward_reweigh(cfg: ReweighConfig) -> dict[str, Any]:
     return result
 
 
-SUBCOMMANDS = {
-    "train": (RewardTrainConfig, reward_train, "fit a success classifier or process reward model"),
-    "eval": (RewardEvalConfig, reward_eval, "a reward model's metrics on labelled episodes"),
-    "reweigh": (ReweighConfig, reward_reweigh, "a run's advantages under other term weights, no new rollouts"),
-}
-
-
-@COMMANDS.register("reward", help="learned rewards: reward train | reward eval | reward reweigh")
-def reward(args: Sequence[str]) -> Any:
-    """Dispatch ``vla-rl reward <sub> [--field value ...]`` to a subcommand (each parsed by draccus).
-
-    Raises:
-        ConfigError: for a missing or unknown subcommand (listing them).
-    """
-    from vla_rl.cli import parse_config
-
-    args = list(args)
-    usage = "; ".join(f"vla-rl reward {k}: {v[2]}" for k, v in SUBCOMMANDS.items())
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(usage)
-        return None
-    if args[0] not in SUBCOMMANDS:
-        raise ConfigError(f"unknown subcommand {args[0]!r}; {usage}")
-    config_class, fn, _ = SUBCOMMANDS[args[0]]
-    cfg = parse_config(config_class, args[1:], prog=f"vla-rl reward {args[0]}")
-    return fn(cfg)  # type: ignore[operator]
-
-
+REWARD = command_group("reward", "learned rewards and reward weights: reward train | eval | reweigh")
+REWARD.register("train", config=RewardTrainConfig, help="fit a success classifier or process reward model")(reward_train)
+REWARD.register("eval", config=RewardEvalConfig, help="a reward model's metrics on labelled episodes")(reward_eval)
+REWARD.register("reweigh", config=ReweighConfig,
+                help="a run's advantages under other term weights, without new rollouts")(reward_reweigh)
