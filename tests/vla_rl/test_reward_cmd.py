@@ -51,6 +51,11 @@ def test_toy_train_with_a_learned_reward_logs_its_term_stores_traces_and_reweigh
     assert sorted(p.name for p in (run_dir / "reward_terms").iterdir()) == ["iter_000001.pt", "iter_000002.pt"]
     result = run(["reward", "reweigh", "--run", str(run_dir), "--terms", "{env: 1.0}"])
     assert [r["reproduced"] for r in result["iterations"]] == [1.0, 1.0]
+    # between phases: refit a process reward model on the phase's policy's own rollouts
+    out = run(["reward", "train", *ENV, "--kind", "progress", "--source.episodes", "2", "--fit.epochs", "1",
+               "--fit.width", "4", "--source.policy", str(run_dir / "checkpoints" / "iter_000002" / "policy"),
+               "--output", str(tmp_path / "prm1")])
+    assert load_reward_model(out["path"]).config.kind == "progress"
     bad = RewardModel(RewardModelConfig(inputs={"observation.images.front": [64, 64, 3]}, width=4)).save(tmp_path / "b")
     with pytest.raises(SystemExit) as exc:
         run(["train", *TINY, "--iterations", "1", "--run_dir", str(tmp_path / "run2"), "--reward.terms",
