@@ -235,3 +235,29 @@ def test_rollout_with_a_learned_term_stores_and_logs_it(tmp_path):
     engine.reset(seed=0)
     with pytest.raises(RewardInputError, match=r"toy/counter.*\[4, 4, 3\].*\[8, 8, 3\]"):
         engine.collect(1)
+
+
+def test_dataset_episodes_are_labelled_with_the_state_each_frame_shows(tmp_path):
+    from rewards.learned.data import EpisodeDataError, read_dataset_episodes
+    from sim.dataset import EpisodeRecorder
+
+    spec = CounterEnv().spec
+    rec = EpisodeRecorder(tmp_path / "ds", "local/test", spec, fps=10)
+    # next.success per frame: episode 0's third action reaches success (and ends it); episode 1's second action
+    # reaches it and the episode goes on (a recording that does not end on success)
+    for flags in ([False, False, True], [False, True, False]):
+        for t, flag in enumerate(flags):
+            obs = {OBS_STATE: torch.tensor([[float(t), 0.0]]), CAM: torch.full((1, 4, 4, 3), t, dtype=torch.uint8),
+                   TASK: ["count"]}
+            rec.add_frame(obs, torch.zeros(1), reward=float(flag), success=flag)
+        rec.save_episode()
+    root = rec.finalize()
+    eps = read_dataset_episodes(root)
+    # frame t shows the state after frame t-1's action; the last frame of an episode ended on success keeps its own
+    assert [e.success.tolist() for e in eps] == [[False, False, True], [False, False, True]]
+    assert eps[0].obs[CAM].dtype == torch.uint8 and eps[0].obs[CAM][2, 0, 0, 0] == 2 and eps[0].task == "count"
+    assert eps[0].obs[OBS_STATE][:, 0].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(EpisodeDataError, match="no feature 'observation.images.wrist'"):
+        read_dataset_episodes(root, keys=[image_key("wrist")])
+    with pytest.raises(EpisodeDataError, match="not a LeRobotDataset"):
+        read_dataset_episodes(tmp_path / "nothing")
