@@ -102,11 +102,12 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path) -> d
     model.config.metrics = {"held_out": metrics}
     model.save(model_path(kind, seed, out))
     return {"seed": seed, "train_episodes": len(train), "train_successes": sum(e.succeeded for e in train),
-            **metrics, "record_s": t1 - t0, "fit_s": t2 - t1, "epochs": epochs, "path": str(model_path(kind, seed, out))}
+            **metrics, "record_s": t1 - t0, "fit_s": t2 - t1, "epochs": epochs,
+            "path": str(model_path(kind, seed, out))}
 
 
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
-                   sft_from: Path | None = None) -> dict[str, Any]:
+                   sft_from: Path | None = None, eval_episodes: int = 400) -> dict[str, Any]:
     """``vla-rl quickstart`` with the RL stage's reward replaced by ``reward`` (a RewardConfig)."""
     import shutil
 
@@ -123,7 +124,7 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
             run_dir.mkdir(parents=True, exist_ok=True)
             shutil.copytree(sft_from / "sft_policy", run_dir / "sft_policy")
         cfg = qs.QuickstartConfig(seed=seed, run_dir=str(run_dir), iterations=iterations, eval_every=eval_every,
-                                  resume=run_dir.exists(),
+                                  resume=run_dir.exists(), eval_episodes=eval_episodes,
                                   logging=dataclasses.replace(qs.LoggingConfig(), wandb=False, tensorboard=False))
         return qs.run_quickstart(cfg)
     finally:
@@ -136,7 +137,7 @@ def evals(run_dir: Path) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["eval/success"])) for r in rows if "eval/success" in r]
 
 
-def part_ppo_classifier(seed: int, out: Path, iterations: int) -> dict[str, Any]:
+def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: int) -> dict[str, Any]:
     from rewards import RewardConfig
     from rewards.learned.terms import ClassifierTermConfig
 
@@ -145,7 +146,7 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int) -> dict[str, Any]
         raise SystemExit(f"no classifier at {clf}: run --parts classifier first")
     reward = RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(path=str(clf)))
     t0 = time.perf_counter()
-    s = quickstart_run(seed, out / f"ppo-classifier-s{seed}", reward, iterations, 0)
+    s = quickstart_run(seed, out / f"ppo-classifier-s{seed}", reward, iterations, 0, eval_episodes=eval_episodes)
     n = s["episodes_per_eval"]
     return {"seed": seed, "before": s["success_before"], "after": s["success_after"],
             "gain": s["success_after"] - s["success_before"], "before_ci": s["success_before_ci"],
@@ -153,7 +154,8 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int) -> dict[str, Any]
             "wall_s": time.perf_counter() - t0, "ok": s["success_after"] - s["success_before"] >= 0.15}
 
 
-def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float) -> dict[str, Any]:
+def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float,
+             eval_episodes: int) -> dict[str, Any]:
     from rewards import RewardConfig
     from rewards.learned.terms import ProgressTermConfig
 
@@ -162,11 +164,12 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
         part_model("progress", seed, 400, 8, out)
     t0 = time.perf_counter()
     sparse_dir = out / f"prm-sparse-s{seed}"
-    quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every)
+    quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
+                   eval_episodes=eval_episodes)
     mixed_dir = out / f"prm-mixed-s{seed}"
     quickstart_run(seed, mixed_dir, RewardConfig(terms={"success": 1.0, "prm": weight},
                                                  prm=ProgressTermConfig(path=str(prm))),
-                   iterations, eval_every, sft_from=sparse_dir)
+                   iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes)
     sparse, mixed = evals(sparse_dir), evals(mixed_dir)
     target = sparse[-1][1]
     reached = next((step for step, succ in mixed if succ >= target), None)
@@ -185,6 +188,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=200, help="PPO iterations (quickstart's default)")
     p.add_argument("--eval_every", type=int, default=25, help="prm: evaluate every this many iterations")
     p.add_argument("--prm_weight", type=float, default=1.0)
+    p.add_argument("--eval_episodes", type=int, default=400, help="held-out episodes per RL evaluation")
     p.add_argument("--out", default="runs/bench-rewards", help="models and runs go here")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -198,9 +202,9 @@ def main() -> None:
                 row = part_model("classifier", seed, args.episodes, args.epochs, out)
                 row["ok"] = row["episode_accuracy"] >= 0.95
             elif part == "ppo-classifier":
-                row = part_ppo_classifier(seed, out, args.iterations)
+                row = part_ppo_classifier(seed, out, args.iterations, args.eval_episodes)
             else:
-                row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight)
+                row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes)
             row["wall_s"] = time.perf_counter() - t0
             section = results.setdefault(part, {"seeds": {}})
             section["seeds"][str(seed)] = row

@@ -89,7 +89,8 @@ def advantage_shift(old: tuple[Tensor, Tensor, Tensor], new: tuple[Tensor, Tenso
 # ----------------------------------------------------------------------------- traces on disk
 
 
-def save_reward_trace(rollout: Rollout, path: str | Path, algo: dict[str, Any], weights: list[tuple[str, float]]) -> Path:
+def save_reward_trace(rollout: Rollout, path: str | Path, algo: dict[str, Any],
+                      weights: list[tuple[str, float]]) -> Path:
     """Write what :func:`load_reward_trace` needs to recompute advantages (no observations), atomically.
 
     Args:

@@ -118,8 +118,9 @@ def read_dataset_episodes(root: str | Path, keys: list[str] | None = None, max_e
     keys = keys or [k for k in feats if k.startswith("observation.")]
     missing = [k for k in keys if k not in feats]
     if missing:
+        have = sorted(k for k in feats if k.startswith("observation."))
         raise EpisodeDataError(f"{root}: the dataset has no feature {missing[0]!r}, which the reward model reads "
-                               f"(its observation features: {sorted(k for k in feats if k.startswith('observation.'))})")
+                               f"(its observation features: {have})")
     per_ep: dict[int, tuple[list[dict[str, Tensor]], list[bool], str]] = {}
     total = ds.meta.total_episodes if not max_episodes else min(max_episodes, ds.meta.total_episodes)
     with tqdm(total=len(ds), desc=desc, unit="frame") as bar:

@@ -92,7 +92,8 @@ def task_state_from_obs(state: np.ndarray, env_state: np.ndarray):  # -> sim.muj
     dist = np.linalg.norm(cubes - pinch, axis=1)
     closed = GRASP_OPENING[0] <= opening <= GRASP_OPENING[1]
     grasped = closed & (dist <= GRASP_RADIUS)
-    near = (np.linalg.norm(cubes[:, :2] - pinch[:2], axis=1) <= TOUCH_RADIUS) & (pinch[2] <= cubes[:, 2] + CUBE_HALF + 0.02)
+    near_xy = np.linalg.norm(cubes[:, :2] - pinch[:2], axis=1) <= TOUCH_RADIUS
+    near = near_xy & (pinch[2] <= cubes[:, 2] + CUBE_HALF + 0.02)
     return TaskState(pinch=pinch, cubes=cubes, cube_speed=np.zeros(3), pad=np.asarray(env_state[9:12], np.float64),
                      grasped=grasped, touched=grasped | near)
 

@@ -98,7 +98,8 @@ class ProgressTerm(_ChunkOutcomeTerm):
 
     def chunk_value(self, step: StepInput) -> Tensor:
         where = f"{step.env_id} observation"
-        return self.model.predict(step.next_obs, where=where) - self.model.predict(step.obs, where=where)  # type: ignore[arg-type]
+        after = self.model.predict(step.next_obs, where=where)  # type: ignore[arg-type]
+        return after - self.model.predict(step.obs, where=where)
 
 
 @REWARDS.register("classifier", config=ClassifierTermConfig,

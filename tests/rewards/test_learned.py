@@ -81,7 +81,8 @@ def test_event_boundaries_at_gripper_changes_and_rests():
 
 
 def _counter_env(n: int = 4, goal: float = 0.6, steps: int = 6) -> SerialVecEnv:
-    return SerialVecEnv([functools.partial(CounterEnv, episode_steps=steps, goal=goal) for _ in range(n)], "toy/counter")
+    factories = [functools.partial(CounterEnv, episode_steps=steps, goal=goal) for _ in range(n)]
+    return SerialVecEnv(factories, "toy/counter")
 
 
 def _counter_episodes(n: int, seed: int = 0) -> list[Episode]:
@@ -153,7 +154,8 @@ def _switch_model(kind: str = "classifier") -> RewardModel:
 def test_checkpoint_round_trip_manifest_and_damage(tmp_path):
     model = _switch_model()
     path = model.save(tmp_path / "clf")
-    assert (path / "manifest.json").is_file() and json.loads((path / "config.json").read_text())["type"] == "reward_model"
+    assert (path / "manifest.json").is_file()
+    assert json.loads((path / "config.json").read_text())["type"] == "reward_model"
     obs = {OBS_STATE: torch.tensor([[1.0, 0.0], [0.0, 5.0]])}
     assert torch.equal(load_reward_model(path).predict(obs), model.predict(obs))
     weights = path / "model.safetensors"
@@ -221,7 +223,8 @@ def test_rollout_with_a_learned_term_stores_and_logs_it(tmp_path):
     torch.manual_seed(0)
     model = RewardModel(RewardModelConfig(inputs={CAM: [4, 4, 3], OBS_STATE: [2]}, width=4))
     path = model.save(tmp_path / "clf")
-    cfg = RewardConfig(terms={"env": 1.0, "classifier": 0.5}, classifier=ClassifierTermConfig(path=str(path), threshold=0))
+    cfg = RewardConfig(terms={"env": 1.0, "classifier": 0.5},
+                       classifier=ClassifierTermConfig(path=str(path), threshold=0))
     engine = RolloutEngine(_counter_env(n=2), GaussianPolicy(2, 1, horizon=2, init_mean=0.2), reward=cfg)
     engine.reset(seed=0)
     ro = engine.collect(4, ActMode.EVAL)

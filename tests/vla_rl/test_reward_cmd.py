@@ -35,7 +35,8 @@ def test_reward_train_then_eval_on_recorded_episodes(tmp_path, capsys):
     assert exc.value.code == 2 and "nothing is not a LeRobotDataset" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         run(["reward", "nonsense"])
-    assert exc.value.code == 2 and "unknown reward subcommand 'nonsense'. Valid: eval, reweigh, train" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "unknown reward subcommand 'nonsense'. Valid: eval, reweigh, train" in err
 
 
 def test_toy_train_with_a_learned_reward_logs_its_term_stores_traces_and_reweighs(tmp_path, capsys):

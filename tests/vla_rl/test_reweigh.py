@@ -33,7 +33,8 @@ WEIGHTS = [("env", 1.0), ("success", 0.5), ("action_magnitude", -0.1)]
 def _rollout():
     torch.manual_seed(0)
     env = SerialVecEnv([functools.partial(CounterEnv, episode_steps=4, goal=0.6) for _ in range(3)], "toy/counter")
-    engine = RolloutEngine(env, GaussianPolicy(2, 1, horizon=3, init_mean=0.3), reward=RewardConfig(terms=dict(WEIGHTS)))
+    policy = GaussianPolicy(2, 1, horizon=3, init_mean=0.3)
+    engine = RolloutEngine(env, policy, reward=RewardConfig(terms=dict(WEIGHTS)))
     engine.reset(seed=0)
     ro = engine.collect(5, ActMode.EXPLORE)
     assert ro.terminated.any() or ro.truncated.any()  # episodes end inside chunks: held steps exist

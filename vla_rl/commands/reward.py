@@ -203,8 +203,9 @@ def reward_train(cfg: RewardTrainConfig) -> dict[str, Any]:
         raise ConfigError(str(exc)) from None
     held = _metrics(model, [kept[i] for i in held_idx], [targets[i] for i in held_idx], cfg.fit.threshold)
     train = _metrics(model, [kept[i] for i in train_idx], [targets[i] for i in train_idx], cfg.fit.threshold)
-    model.config.metrics = {"held_out": held, "train": train, "labels": cfg.labels if cfg.kind == "progress" else "success",
-                            "episodes": len(kept), "source": dataclasses.asdict(cfg.source), "env": cfg.env.id}
+    model.config.metrics = {"held_out": held, "train": train, "episodes": len(kept), "env": cfg.env.id,
+                            "labels": cfg.labels if cfg.kind == "progress" else "success",
+                            "source": dataclasses.asdict(cfg.source)}
     out = Path(cfg.output) if cfg.output else default_runs_dir() / f"reward-{cfg.kind}-{cfg.env.id.replace('/', '-')}"
     path = model.save(out)
     _show(f"held-out ({len(held_idx)} episodes)", held)
@@ -247,8 +248,9 @@ def reward_reweigh(cfg: ReweighConfig) -> dict[str, Any]:
     if cfg.iteration:
         files = [f for f in files if f.name == f"iter_{cfg.iteration:06d}.pt"]
     if not files:
-        raise ConfigError(f"run: no reward traces {'for iteration ' + str(cfg.iteration) + ' ' if cfg.iteration else ''}"
-                          f"in {folder} (vla-rl train writes them with --reward.save_terms_every >= 1)")
+        which = f"for iteration {cfg.iteration} " if cfg.iteration else ""
+        raise ConfigError(f"run: no reward traces {which}in {folder} (vla-rl train writes them with "
+                          "--reward.save_terms_every >= 1)")
     rows = []
     try:
         for f in files:
@@ -271,7 +273,8 @@ def reward_reweigh(cfg: ReweighConfig) -> dict[str, Any]:
 
 
 REWARD = command_group("reward", "learned rewards and reward weights: reward train | eval | reweigh")
-REWARD.register("train", config=RewardTrainConfig, help="fit a success classifier or process reward model")(reward_train)
+REWARD.register("train", config=RewardTrainConfig,
+                help="fit a success classifier or process reward model")(reward_train)
 REWARD.register("eval", config=RewardEvalConfig, help="a reward model's metrics on labelled episodes")(reward_eval)
 REWARD.register("reweigh", config=ReweighConfig,
                 help="a run's advantages under other term weights, without new rollouts")(reward_reweigh)
