@@ -194,7 +194,6 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     out = Path(args.out)
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for part in args.parts:
         for seed in args.seeds:
             t0 = time.perf_counter()
@@ -206,6 +205,7 @@ def main() -> None:
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes)
             row["wall_s"] = time.perf_counter() - t0
+            results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             section = results.setdefault(part, {"seeds": {}})
             section["seeds"][str(seed)] = row
             section["conditions"] = {
