@@ -2,15 +2,17 @@
 
 While *takeover* is on, the runner executes the teleoperator's target instead
 of the policy's (still through the safety envelope) and records the step
-with ``is_intervention = True``; with no teleop target available it holds
-position. This is the hook the RaC intervention pipeline builds on: a
+with LeRobot's ``intervention = True`` and a RaC label (``recovery`` from the
+takeover until the operator marks the correction, ``correction`` after;
+:mod:`vla_core.labels`); with no teleop target available it holds position. This is the hook the RaC intervention pipeline builds on: a
 :class:`TeleopSource` provides the human's action, :class:`OperatorEvents`
 says when the human is in control.
 
 Keys (single characters, no Enter needed on a terminal):
 ``e`` or space: e-stop (latched); ``c``: clear the e-stop; ``t``: toggle
-takeover; ``s`` / ``f``: end the episode as success / failure; ``n``: end
-the episode; ``r``: end and re-record it; ``q``: end the run.
+takeover; ``m``: mark the switch from recovery to correction; ``h``: hand
+back to the policy; ``s`` / ``f``: end the episode as success / failure;
+``n``: end the episode; ``r``: end and re-record it; ``q``: end the run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hardware.watchdog import EStop
+from vla_core.labels import Label
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ class OperatorEvents:
         self.clear_key = clear_key
         self._lock = threading.Lock()
         self.takeover = False
+        self.correcting = False
         self.end_episode = False
         self.success: bool | None = None
         self.rerecord = False
@@ -52,9 +56,13 @@ class OperatorEvents:
         with self._lock:
             if key == self.clear_key:
                 self.estop.clear(f"key {key!r}")
-            elif key == "t":
-                self.takeover = not self.takeover
+            elif key in ("t", "h"):
+                self.takeover = not self.takeover if key == "t" else False
+                self.correcting = False
                 log.warning("takeover %s", "ON: teleoperator in control" if self.takeover else "off: policy in control")
+            elif key == "m" and self.takeover:
+                self.correcting = True
+                log.warning("takeover: correction (recovery done)")
             elif key in ("s", "f", "n"):
                 self.end_episode = True
                 self.success = {"s": True, "f": False, "n": None}[key]
@@ -62,6 +70,13 @@ class OperatorEvents:
                 self.end_episode, self.rerecord = True, True
             elif key == "q":
                 self.end_episode, self.quit = True, True
+
+    def label(self) -> Label:
+        """The RaC label of a step taken now: ``policy``, ``recovery`` (takeover) or ``correction`` (marked)."""
+        with self._lock:
+            if not self.takeover:
+                return Label.POLICY
+            return Label.CORRECTION if self.correcting else Label.RECOVERY
 
     def new_episode(self) -> None:
         """Reset the per-episode flags (takeover stays as the operator left it)."""

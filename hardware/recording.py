@@ -10,7 +10,9 @@ Features:
 - ``observation.state`` ``float32 [S]`` (names: the robot's state names);
 - ``observation.images.<cam>`` ``image``/``video`` ``[H, W, 3]``;
 - ``action`` ``float32 [A]`` the command sent (names: the robot's joints);
-- ``is_intervention`` ``bool [1]`` LeRobot's teleop-event name;
+- ``intervention`` ``bool [1]`` LeRobot's human-in-the-loop field (what its DAgger rollout records);
+- ``intervention_label`` ``int64 [1]`` the RaC label (:mod:`vla_core.labels`: 0 policy, 1 recovery,
+  2 correction);
 - ``action_modified`` ``bool [1]`` the envelope clamped, held or replaced the command.
 """
 
@@ -23,10 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from hardware.adapter import RobotObservation
+from vla_core.keys import INTERVENTION, INTERVENTION_LABEL
+from vla_core.labels import Label, label_features
 
 log = logging.getLogger(__name__)
 
-IS_INTERVENTION = "is_intervention"
+IS_INTERVENTION = INTERVENTION  # the former name of the constant (the field is LeRobot's ``intervention``)
 ACTION_MODIFIED = "action_modified"
 
 
@@ -49,7 +53,7 @@ def dataset_features(
     feats: dict[str, dict] = {
         "observation.state": {"dtype": "float32", "shape": (len(state_names),), "names": list(state_names)},
         "action": {"dtype": "float32", "shape": (len(joint_names),), "names": list(joint_names)},
-        IS_INTERVENTION: {"dtype": "bool", "shape": (1,), "names": None},
+        **label_features(),
         ACTION_MODIFIED: {"dtype": "bool", "shape": (1,), "names": None},
     }
     for cam, (h, w) in cameras.items():
@@ -107,12 +111,17 @@ class RobotEpisodeRecorder:
         """The dataset folder."""
         return Path(self.dataset.root)
 
-    def add(self, obs: RobotObservation, action: np.ndarray, task: str, intervention: bool, modified: bool) -> None:
-        """Buffer one frame: ``obs`` as the policy saw it, ``action [A]`` as sent."""
+    def add(self, obs: RobotObservation, action: np.ndarray, task: str, intervention: bool, modified: bool,
+            label: Label | None = None) -> None:
+        """Buffer one frame: ``obs`` as the policy saw it, ``action [A]`` as sent; ``label`` defaults to
+        ``correction`` for an intervention step and ``policy`` otherwise."""
+        if label is None:
+            label = Label.CORRECTION if intervention else Label.POLICY
         frame: dict = {
             "observation.state": np.asarray(obs.state, dtype=np.float32),
             "action": np.asarray(action, dtype=np.float32).reshape(-1),
-            IS_INTERVENTION: np.array([intervention], dtype=bool),
+            INTERVENTION: np.array([intervention], dtype=bool),
+            INTERVENTION_LABEL: np.array([int(label)], dtype=np.int64),
             ACTION_MODIFIED: np.array([modified], dtype=bool),
             "task": task,
         }

@@ -46,6 +46,7 @@ import torch
 from hardware.adapter import RobotAdapter, RobotObservation
 from hardware.guard import GuardedRobot
 from hardware.intervention import OperatorEvents, TeleopSource
+from vla_core.labels import Label
 from hardware.recording import RobotEpisodeRecorder
 from hardware.safety import SafetyConfig, SafetyEnvelope, Violation
 from hardware.scheduling import ChunkConfig, ChunkScheduler, PolicyWorker
@@ -69,6 +70,7 @@ class StepRecord:
         modified: the envelope clamped / replaced the requested action.
         intervention: a human (teleop) was in control.
         violations: envelope events of this tick.
+        label: the RaC label of the tick (:class:`vla_core.labels.Label`).
     """
 
     episode: int
@@ -80,6 +82,7 @@ class StepRecord:
     modified: bool
     intervention: bool
     violations: list[Violation]
+    label: int = 0
 
 
 @dataclass
@@ -316,7 +319,8 @@ class DeployRunner:
                 interventions += record.intervention
                 if self.recorder is not None and record.command is not None:
                     self.recorder.add(
-                        obs, record.command, self.task, record.intervention, record.modified or record.held
+                        obs, record.command, self.task, record.intervention, record.modified or record.held,
+                        label=Label(record.label),
                     )
                 for hook in self.hooks:
                     hook.on_step(record)
@@ -393,6 +397,7 @@ class DeployRunner:
     def _command(self, ep: int, k: int, obs: RobotObservation, state: WatchState) -> StepRecord:
         """Pick and send this tick's command."""
         intervention = self.events.takeover
+        label = int(self.events.label()) if intervention else 0
         policy_action = None
         targets: np.ndarray | None = None
         if state is not WatchState.OK:
@@ -408,13 +413,14 @@ class DeployRunner:
                 command = self.guard.hold()
             except Exception as e:
                 raise _StopRun(f"transport: sending hold failed: {e}") from e
-            return StepRecord(ep, k, obs, policy_action, command[0], True, False, intervention, [])
+            return StepRecord(ep, k, obs, policy_action, command[0], True, False, intervention, [], label)
         try:
             result = self.guard.command(targets, k, obs.position)
         except Exception as e:
             raise _StopRun(f"transport: sending command failed: {e}") from e
         return StepRecord(
-            ep, k, obs, policy_action, result.targets[0], result.held, result.modified, intervention, result.violations
+            ep, k, obs, policy_action, result.targets[0], result.held, result.modified, intervention, result.violations,
+            label,
         )
 
     def _hold_quietly(self) -> None:

@@ -28,7 +28,7 @@ from sim.registry import (
 )
 
 # Importing a backend module registers it; simulators themselves load lazily.
-from sim.backends import gym_hil, libero, maniskill, mujoco, so101  # noqa: E402,F401  isort: skip
+from sim.backends import gym_hil, libero, libero_suite, maniskill, mujoco, so101  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "ENVS",

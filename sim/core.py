@@ -68,6 +68,8 @@ class EnvSpec:
         max_episode_steps: steps before truncation.
         control_freq: env steps per second of simulated time.
         cameras: camera names, in the order of their image keys.
+        tasks: a multi-task env's task names, indexed by the ``task_index`` observation
+            (:mod:`sim.tasks`); empty for a single-task env.
     """
 
     env_id: str
@@ -76,6 +78,7 @@ class EnvSpec:
     max_episode_steps: int
     control_freq: float
     cameras: tuple[str, ...] = field(default=())
+    tasks: tuple[str, ...] = field(default=())
 
     @property
     def action_dim(self) -> int:
@@ -229,6 +232,22 @@ class VecEnv(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release workers, renderers and simulator handles. Idempotent."""
+
+    def schedule_tasks(self, weights: Sequence[float] | np.ndarray | None = None,
+                       plans: dict[int, list[Any]] | None = None) -> None:
+        """Set how a multi-task env's slots choose their task at every later reset (:mod:`sim.tasks`).
+
+        Args:
+            weights: ``[T]`` sampling weights over ``spec.tasks`` for every slot (an empty sequence: back to
+                uniform); None keeps the current ones.
+            plans: slot -> queue of :class:`sim.tasks.Assignment` played before sampling resumes
+                (replacing that slot's queue); None keeps the queues.
+
+        Raises:
+            EnvError: for a single-task env, bad weights or a task index out of range.
+        """
+        raise EnvError(f"{self.spec.env_id} is a single-task env: it has no tasks to schedule "
+                       "(multi-task ids: mujoco/multi, mujoco/*-any, libero/<suite>, maniskill/TabletopSet-v1)")
 
     def expert_actions(self) -> torch.Tensor:
         """The scripted expert's actions ``[num_envs, A]`` from privileged state.

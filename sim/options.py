@@ -22,6 +22,8 @@ class SimOptions:
             commands instead of sleeping at once: ``on``, ``off``, or ``auto`` =
             when the workers and this process fit the usable CPUs (see
             :class:`sim.vector_process.ProcessVecEnv`).
+        executor: what runs the workers: ``process`` (worker processes on this machine) or ``ray`` (Ray
+            actors, local or on a cluster started with ``ray start``; :mod:`sim.vector_ray`).
     """
 
     obs_mode: str = "rgb"
@@ -30,6 +32,7 @@ class SimOptions:
     num_workers: int = -1
     control_mode: str = ""
     spin_wait: str = "auto"
+    executor: str = "process"
 
     def __post_init__(self) -> None:
         if self.obs_mode not in ("rgb", "state"):
@@ -40,6 +43,8 @@ class SimOptions:
             raise ValueError(f"max_episode_steps must be >= 0, got {self.max_episode_steps}")
         if self.spin_wait not in ("auto", "on", "off"):
             raise ValueError(f"spin_wait must be 'auto', 'on' or 'off', got {self.spin_wait!r}")
+        if self.executor not in ("process", "ray"):
+            raise ValueError(f"executor must be 'process' or 'ray', got {self.executor!r}")
 
     @property
     def spin(self) -> bool | None:

@@ -62,5 +62,13 @@ class SingleEnv(abc.ABC):
         """
         raise NotImplementedError(f"{self.spec.env_id} has no scripted expert")
 
+    def schedule_tasks(self, weights: np.ndarray | None, plan: list[Any] | None) -> None:
+        """A multi-task env's task weights and queued assignments (see :meth:`sim.core.VecEnv.schedule_tasks`).
+
+        Raises:
+            NotImplementedError: for a single-task env.
+        """
+        raise NotImplementedError(f"{self.spec.env_id} is a single-task env")
+
     def close(self) -> None:
         """Release resources."""

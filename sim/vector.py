@@ -35,8 +35,9 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing over pipes)
 
 from sim.chunk import ChunkHold
-from sim.core import TASK, ChunkSteps, EnvSpec, Obs, VecEnv, normalize_env_ids, seeds_for_ids
+from sim.core import TASK, ChunkSteps, EnvError, EnvSpec, Obs, VecEnv, normalize_env_ids, seeds_for_ids
 from sim.single import SingleEnv
+from sim.tasks import TASK_INDEX, check_weights
 
 EnvFactory = Callable[[], SingleEnv]
 
@@ -92,10 +93,29 @@ class _Bookkeeping(VecEnv):
                 "length": torch.from_numpy(self._ep_len.copy()),
                 "success": info["success"],
             }
+            if TASK_INDEX in final:  # multi-task envs: the task each ended episode played
+                info["episode"]["task_index"] = final[TASK_INDEX]
             self._ep_return[done] = 0.0
             self._ep_len[done] = 0
         self._last_obs = obs
         return obs, torch.from_numpy(reward), torch.from_numpy(term), torch.from_numpy(trunc), info
+
+    def _check_schedule(
+        self, weights: Sequence[float] | np.ndarray | None, plans: dict[int, list[Any]] | None,
+    ) -> tuple[np.ndarray | None, dict[int, list[Any]]]:
+        """Validate :meth:`VecEnv.schedule_tasks` arguments here, before any worker sees them."""
+        if not self.spec.tasks:
+            VecEnv.schedule_tasks(self)  # raises: single-task env
+        w = None
+        if weights is not None:
+            w = np.asarray(weights, np.float64)
+            if len(w):
+                w = check_weights(w, len(self.spec.tasks), self.spec.env_id)
+        plans = dict(plans or {})
+        bad = [i for i in plans if not 0 <= int(i) < self.num_envs]
+        if bad:
+            raise EnvError(f"{self.spec.env_id}: task plan for env {bad[0]} out of range (num_envs={self.num_envs})")
+        return w, plans
 
     def _reset_books(self, ids: list[int]) -> None:
         self._ep_return[ids] = 0.0
@@ -241,6 +261,13 @@ class SerialVecEnv(_Bookkeeping):
     def expert_actions(self) -> torch.Tensor:
         """Scripted-expert actions ``[B, A]`` from privileged state."""
         return torch.from_numpy(np.stack([e.expert_action() for e in self._envs]).astype(np.float32))
+
+    def schedule_tasks(self, weights: Sequence[float] | np.ndarray | None = None,
+                       plans: dict[int, list[Any]] | None = None) -> None:
+        """See :meth:`VecEnv.schedule_tasks`."""
+        w, plans = self._check_schedule(weights, plans)
+        for i, env in enumerate(self._envs):
+            env.schedule_tasks(w, plans.get(i))
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

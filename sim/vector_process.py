@@ -221,6 +221,11 @@ def _worker(conn: Any, factories: list[EnvFactory], offset: int, n: int, spin_s:
                 conn.send(("ok", texts))
             elif cmd == "expert":
                 conn.send(("ok", [e.expert_action() for e in envs]))
+            elif cmd == "tasks":  # arg: (weights or None, {local slot: plan})
+                weights, plans = arg
+                for j, env in enumerate(envs):
+                    env.schedule_tasks(weights, plans.get(j))
+                conn.send(("ok", None))
             elif cmd == "close":
                 break
     except (KeyboardInterrupt, EOFError):
@@ -529,6 +534,16 @@ class ProcessVecEnv(_Bookkeeping):
             c.send(("expert", None))
         acts = [a for w in range(len(self._conns)) for a in self._recv(w)]
         return torch.from_numpy(np.stack(acts).astype(np.float32))
+
+    def schedule_tasks(self, weights: Sequence[float] | np.ndarray | None = None,
+                       plans: dict[int, list[Any]] | None = None) -> None:
+        """See :meth:`sim.core.VecEnv.schedule_tasks`; one message per worker."""
+        self._check_idle("schedule_tasks")
+        w, plans = self._check_schedule(weights, plans)
+        for c, (a, b) in zip(self._conns, self._slices):
+            c.send(("tasks", (w, {i - a: p for i, p in plans.items() if a <= i < b})))
+        for k in range(len(self._conns)):
+            self._recv(k)
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

@@ -1,8 +1,8 @@
 """Pick the vector-env driver: :func:`build_vec_env`.
 
-Backends call this one function; it sits above both drivers
-(:class:`sim.vector.SerialVecEnv` and :class:`sim.vector_process.ProcessVecEnv`),
-so neither driver's module imports the other's.
+Backends call this one function; it sits above the drivers
+(:class:`sim.vector.SerialVecEnv`, :class:`sim.vector_process.ProcessVecEnv` and
+:class:`sim.vector_ray.RayVecEnv`), so no driver's module imports another's.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ def build_vec_env(
     num_workers: int,
     context: str = "forkserver",
     spin: bool | None = None,
+    executor: str = "process",
 ) -> VecEnv:
-    """``SerialVecEnv`` when ``num_workers == 0``, else ``ProcessVecEnv`` (``spin``: see there).
+    """``SerialVecEnv`` when ``num_workers == 0``, else ``ProcessVecEnv`` (``spin``: see there), or ``RayVecEnv``
+    (Ray actors, :mod:`sim.vector_ray`) with ``executor="ray"``.
 
     Args:
         factories: one zero-argument constructor per env (called inside the worker for processes).
@@ -29,7 +31,12 @@ def build_vec_env(
         num_workers: worker processes; ``<= 0`` steps every env in this process.
         context: multiprocessing start method for the workers (``forkserver`` or ``spawn``).
         spin: busy-wait for worker replies (``None``: :class:`ProcessVecEnv` decides).
+        executor: ``process`` (worker processes) or ``ray`` (one Ray actor per worker; ``num_workers >= 1``).
     """
+    if executor == "ray":
+        from sim.vector_ray import RayVecEnv
+
+        return RayVecEnv(factories, env_id, num_workers)
     if num_workers <= 0:
         return SerialVecEnv(factories, env_id)
     return ProcessVecEnv(factories, env_id, num_workers, context, spin=spin)

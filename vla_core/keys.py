@@ -4,7 +4,7 @@ An observation is a dict of batched tensors: ``observation.images.<camera>``
 (``uint8 [B, H, W, 3]``), ``observation.state`` (``float32 [B, S]``), optionally
 ``observation.env_state`` (``float32 [B, P]``, privileged simulator state) and
 ``task`` (a list of ``B`` instructions). Datasets add ``action`` and the
-per-frame ``next.reward`` / ``next.success`` / ``is_intervention`` fields.
+per-frame ``next.reward`` / ``next.success`` / ``intervention`` fields.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ ACTION = "action"
 REWARD = "next.reward"
 SUCCESS = "next.success"
 DONE = "next.done"
-INTERVENTION = "is_intervention"
-"""LeRobot's human-in-the-loop field: 1 where a teleoperator's action replaced the policy's."""
+INTERVENTION = "intervention"
+"""LeRobot's human-in-the-loop dataset field (``bool [1]``, what ``lerobot-rollout``'s DAgger strategy records):
+True where a teleoperator's action replaced the policy's."""
+LEGACY_INTERVENTION = "is_intervention"
+"""The same flag under LeRobot's teleop-event name (``TeleopEvents.IS_INTERVENTION``), which earlier
+vla-rl deployments recorded; read as ``intervention``."""
+INTERVENTION_LABEL = "intervention_label"
+"""RaC step label (``int64 [1]``): 0 policy, 1 recovery, 2 correction (:mod:`vla_rl.intervention.labels`)."""
 
 
 def image_key(camera: str) -> str:

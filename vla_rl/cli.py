@@ -36,7 +36,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 def _load_commands() -> None:
     # Importing a command module registers it.
-    from vla_rl.commands import collect, deploy, quickstart, reward, rollout, sft, train  # noqa: F401
+    from vla_rl.commands import collect, deploy, intervene, quickstart, reward, rollout, sft, train  # noqa: F401
 
 
 def preset_path(name: str) -> Path:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from sim import VecEnv, WristCamera, backends_with_wrist_camera, make_env, wrist_camera_support
+from vla_rl.curriculum import TaskSamplingConfig
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,12 @@ class EnvConfig:
     that always render one; others reject it (``sim.wrist_camera_support``)."""
     spin_wait: str = "auto"
     """With env workers, busy-poll for replies instead of sleeping: ``on``, ``off``, ``auto`` (if they fit the CPUs)."""
+    executor: str = "process"
+    """What runs the env workers: ``process`` (worker processes) or ``ray`` (Ray actors, local or on the cluster of
+    ``RAY_ADDRESS``; needs ``num_workers >= 1`` and the ``ray`` extra). Same episodes for the same seeds."""
+    tasks: TaskSamplingConfig = field(default_factory=TaskSamplingConfig)
+    """Multi-task envs: which task each training reset plays (``--env.tasks.sampler uniform|curriculum|progress``)
+    and which tasks are held out for evaluation (``--env.tasks.holdout '[a, b]'``); see :mod:`vla_rl.curriculum`."""
 
     def has_optional_wrist_camera(self) -> bool:
         """Whether the backend of ``id`` has a wrist camera that ``wrist_camera`` switches on."""
@@ -60,7 +67,7 @@ class EnvConfig:
 
     def make(self, num_envs: int | None = None, seed: int | None = None) -> VecEnv:
         """Build the env (``num_envs`` / ``seed`` override the config's)."""
-        options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "num_envs", "seed")}
+        options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "num_envs", "seed", "tasks")}
         support = wrist_camera_support(self.id)
         if not self.wrist_camera or support is WristCamera.ALWAYS:  # no switch to pass when it always renders
             options.pop("wrist_camera")

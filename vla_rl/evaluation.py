@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 from policies.base import ActMode, Policy
 from sim.chunk import first_episode_steps
-from sim.core import TASK, Obs, VecEnv
+from sim.core import TASK, EnvError, Obs, VecEnv
+from sim.tasks import TASK_INDEX, Assignment, split_plans
 from sim.video import VideoWriter
 
 ActionFn = Callable[[Obs], torch.Tensor]  # obs -> action chunk [B, H, A]
@@ -60,6 +61,7 @@ class EvalResult:
     mean_length: float
     per_task: dict[str, dict[str, float]] = field(default_factory=dict)
     video: str | None = None
+    protocol: str = "seeds"
 
     def scalars(self, prefix: str = "eval/") -> dict[str, float]:
         """Flat metrics for logging."""
@@ -70,7 +72,24 @@ class EvalResult:
         }
         for task, row in self.per_task.items():
             out[f"{prefix}task/{task}"] = row["success"]
+        if self.protocol == "per_task":  # LIBERO's headline number: the mean over tasks
+            out[f"{prefix}success_task_mean"] = self.success_rate
         return out
+
+
+@dataclass
+class EvalShard:
+    """This process's part of an evaluation spread over processes (:mod:`vla_rl.distributed`).
+
+    Attributes:
+        total_envs: evaluation envs over all processes.
+        offset: index of this process's first env among them (its env ``i`` is seeded ``seed + offset + i``).
+        gather: every process's episode records, concatenated (a collective: all processes call it).
+    """
+
+    total_envs: int
+    offset: int
+    gather: Callable[[list], list]
 
 
 def evaluate_episodes(
@@ -83,6 +102,7 @@ def evaluate_episodes(
     video_envs: int = 4,
     desc: str = "eval",
     progress: bool = True,
+    shard: EvalShard | None = None,
 ) -> EvalResult:
     """Run ``episodes`` episodes (see module doc) and summarize them.
 
@@ -95,9 +115,12 @@ def evaluate_episodes(
         video_path: write an MP4 of the first ``video_envs`` envs' cameras there (every step is then
             rendered, :meth:`sim.core.VecEnv.step_chunk` with ``record_obs``, until those envs have
             played their episodes).
+        shard: when ``env`` holds envs ``[offset, offset + num_envs)`` of an evaluation spread over several
+            processes: they play their share and the episodes of all are gathered before the summary, which is
+            then the one a single env of ``shard.total_envs`` envs would give (same seeds, same trimming).
     """
     b = env.num_envs
-    quota = math.ceil(episodes / b)
+    quota = math.ceil(episodes / (shard.total_envs if shard is not None else b))
     counts = [0] * b
     records: list[tuple[int, int, str, float, int, bool]] = []  # env, k, task, return, length, success
     obs = env.reset(seed=seed)
@@ -121,6 +144,8 @@ def evaluate_episodes(
                                     int(out.episode_length[h, i]), bool(out.success[h, i])))
                     counts[i] += 1
                     bar.update(1)
+    if shard is not None:
+        records = shard.gather([(r[0] + shard.offset, *r[1:]) for r in records])
     records.sort(key=lambda r: (r[1], r[0]))  # round-robin over envs, then trim to N
     records = records[:episodes]
     succ = sum(r[5] for r in records)
@@ -150,8 +175,11 @@ def evaluate_policy(
     video_envs: int = 4,
     desc: str = "eval",
     progress: bool = True,
+    tasks: Sequence[int] | None = None,
+    episodes_per_task: int = 50,
+    shard: EvalShard | None = None,
 ) -> EvalResult:
-    """:func:`evaluate_episodes` of ``policy``'s deterministic actions (:attr:`ActMode.EVAL`), on its own RNG stream.
+    """:func:`evaluate_episodes` (or, given ``tasks``, :func:`evaluate_per_task`) of ``policy``'s deterministic actions (:attr:`ActMode.EVAL`), on its own RNG stream.
 
     The stream is seeded with ``seed``, like the env: the same policy always scores the same, two
     policies evaluated with the same ``seed`` start from the same flow noise (common random
@@ -165,6 +193,80 @@ def evaluate_policy(
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        res = evaluate_episodes(env, act, episodes, seed, exec_steps, video_path, video_envs, desc, progress)
+        if tasks is not None:
+            res = evaluate_per_task(env, act, tasks, episodes_per_task, seed, exec_steps, desc, progress)
+        else:
+            res = evaluate_episodes(env, act, episodes, seed, exec_steps, video_path, video_envs, desc, progress,
+                                    shard)
     policy.reset()
     return res
+
+
+def evaluate_per_task(
+    env: VecEnv,
+    act: ActionFn,
+    tasks: Sequence[int],
+    episodes_per_task: int,
+    seed: int,
+    exec_steps: int = 0,
+    desc: str = "eval",
+    progress: bool = True,
+) -> EvalResult:
+    """The benchmarks' protocol on a multi-task env: every task of ``tasks`` for ``episodes_per_task`` episodes.
+
+    Episode ``k`` of task ``t`` is :class:`sim.tasks.Assignment` ``(t, init=k, seed=seed + k)``: on LIBERO
+    suites the benchmark's fixed init state ``k`` (LIBERO's protocol: 50 per task, each once), elsewhere
+    seed ``seed + k`` (ManiSkill's fixed seeds per task). The episodes are dealt round-robin over the env
+    slots as queued assignments, so auto-resets inside worker processes follow them; slot ``i`` counts
+    exactly the episodes it was dealt. The headline ``success_rate`` is the mean of the per-task rates
+    (LIBERO's average over tasks; with equal episodes per task it equals the pooled rate, whose 95%
+    Wilson interval is ``ci_low`` / ``ci_high``); ``per_task[name]`` has each task's episodes, success,
+    95% interval, mean return and length.
+
+    Raises:
+        EnvError: for a single-task env or a task index out of range.
+    """
+    names = env.spec.tasks
+    if not names:
+        raise EnvError(f"{env.spec.env_id}: eval.protocol per_task needs a multi-task env (EnvSpec.tasks is empty)")
+    plan = [Assignment(t, init=k, seed=seed + k) for k in range(episodes_per_task) for t in tasks]
+    plans = split_plans(plan, env.num_envs)
+    quota = [len(plans[i]) for i in range(env.num_envs)]
+    env.schedule_tasks(plans=plans)
+    counts = [0] * env.num_envs
+    records: list[tuple[int, float, int, bool]] = []  # task, return, length, success
+    try:
+        obs = env.reset(seed=seed)
+        with tqdm(total=len(plan), desc=desc, unit="ep", disable=not progress, leave=False) as bar:
+            while any(c < q for c, q in zip(counts, quota)):
+                chunk = act(obs)
+                steps = chunk.shape[1] if exec_steps <= 0 else min(exec_steps, chunk.shape[1])
+                out = env.step_chunk(chunk[:, :steps])
+                obs = out.obs
+                ends = (out.terminated | out.truncated) & first_episode_steps(out.terminated, out.truncated)
+                for h, i in ends.nonzero().tolist():
+                    if counts[i] < quota[i]:
+                        records.append((int(out.final_obs[TASK_INDEX][i]), float(out.episode_return[h, i]),
+                                        int(out.episode_length[h, i]), bool(out.success[h, i])))
+                        counts[i] += 1
+                        bar.update(1)
+    finally:
+        env.schedule_tasks(plans={i: [] for i in range(env.num_envs)})
+    per_task: dict[str, dict[str, float]] = {}
+    for t in sorted(set(tasks)):
+        rows = [r for r in records if r[0] == t]
+        wins = sum(r[3] for r in rows)
+        lo, hi = wilson_interval(wins, len(rows))
+        per_task[names[t]] = {
+            "episodes": len(rows), "success": wins / max(1, len(rows)), "ci_low": lo, "ci_high": hi,
+            "return": sum(r[1] for r in rows) / max(1, len(rows)), "length": sum(r[2] for r in rows) / max(1, len(rows)),
+        }
+    succ = sum(r[3] for r in records)
+    lo, hi = wilson_interval(succ, len(records))
+    n = max(1, len(records))
+    return EvalResult(
+        episodes=len(records), successes=succ,
+        success_rate=sum(row["success"] for row in per_task.values()) / max(1, len(per_task)),
+        ci_low=lo, ci_high=hi, mean_return=sum(r[1] for r in records) / n,
+        mean_length=sum(r[2] for r in records) / n, per_task=per_task, protocol="per_task",
+    )

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from vla_rl.run_logging import read_metrics
+from vla_rl.timing import BREAKDOWN
 
 PLOTS = {
     "success.png": ("Success rate", ["rollout/success", "eval/success"]),
     "return.png": ("Episode return", ["rollout/return", "eval/return"]),
     "losses.png": ("Losses", ["update/policy_loss", "update/value_loss", "update/entropy"]),
+    "time.png": ("Seconds per iteration by stage", list(BREAKDOWN)),
 }
 
 
@@ -43,7 +45,9 @@ def make_plots(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
         if not any(xs for xs, _ in series.values()):
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-        for key, (xs, ys) in series.items():
+        if fname == "time.png":  # stacked: the stages add up to each iteration's wall time
+            _stack_times(ax, rows)
+        for key, (xs, ys) in series.items() if fname != "time.png" else ():
             if xs:
                 ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, markersize=3, label=key)
         if fname == "success.png":
@@ -62,6 +66,27 @@ def make_plots(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
         os.replace(tmp, out_dir / fname)
         written.append(out_dir / fname)
     return written
+
+
+def _stack_times(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """A stacked area per :data:`BREAKDOWN` stage over the training iterations (rows with ``time/iteration_s``)."""
+    rows = [r for r in rows if r.get("time/iteration_s") is not None]
+    keys = [k for k in BREAKDOWN if any(r.get(k) for r in rows)]
+    xs = [r["step"] for r in rows]
+    import matplotlib
+
+    colors = matplotlib.colormaps["tab20"].colors
+    ax.stackplot(xs, [[r.get(k) or 0.0 for r in rows] for k in keys], colors=colors[: len(keys)],
+                 labels=[k.removeprefix("time/").removesuffix("_s") for k in keys])
+    ax.set_ylabel("seconds")
+
+
+def time_totals(metrics_file: str | Path) -> dict[str, float]:
+    """Seconds per :data:`BREAKDOWN` stage summed over a run's iterations (empty without timings)."""
+    path = Path(metrics_file)
+    rows = read_metrics(path) if path.exists() else []
+    totals = {k.removeprefix("time/").removesuffix("_s"): sum(r.get(k) or 0.0 for r in rows) for k in BREAKDOWN}
+    return {k: v for k, v in totals.items() if v > 0}
 
 
 def write_report(run_dir: str | Path, summary: dict[str, Any], plots: Sequence[Path], videos: dict[str, str]) -> Path:
@@ -92,14 +117,22 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], plots: Sequence[P
             sft += f"; the last success check (its own episodes) read {summary['sft_check_success']:.2f}"
         lines += ["", sft + "."]
     if summary.get("per_task_after"):
-        lines += ["", "| task | before | after |", "|---|---|---|"]
+        lines += ["", "| task | before | after | after 95% CI | episodes |", "|---|---|---|---|---|"]
         before_t = summary.get("per_task_before", {})
         for task, row in summary["per_task_after"].items():
             bt = before_t.get(task, {}).get("success")
-            lines.append(f"| {task} | {'-' if bt is None else f'{bt:.2f}'} | {row['success']:.2f} |")
+            ci = f"{row['ci_low']:.2f}-{row['ci_high']:.2f}" if "ci_low" in row else "-"
+            lines.append(f"| {task} | {'-' if bt is None else f'{bt:.2f}'} | {row['success']:.2f} | {ci} "
+                         f"| {row.get('episodes', '-')} |")
     if summary.get("stages"):
         lines += ["", "| stage | seconds |", "|---|---|"]
         lines += [f"| {k} | {v:.0f} |" for k, v in summary["stages"].items()]
+    times = time_totals(run_dir / "metrics.jsonl")
+    if times:
+        total = sum(times.values())
+        lines += ["", f"Where the training iterations' {total:.0f} s went:", "", "| part | seconds | share |",
+                  "|---|---|---|"]
+        lines += [f"| {k} | {v:.1f} | {v / total:.0%} |" for k, v in times.items()]
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]
     if videos:
         lines += ["", "## Videos", ""] + [f"- {k}: `{v}`" for k, v in videos.items()]

@@ -33,6 +33,7 @@ without that support fall back to sequential collection.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ from policies.base import ActMode, ActOutput, Policy
 from rewards import RewardConfig, RewardFunction
 from sim.chunk import first_episode_steps
 from sim.core import TASK, Obs, VecEnv
+from sim.tasks import TASK_INDEX
+from vla_rl.timing import StageTimes
 
 
 @dataclass
@@ -54,6 +57,8 @@ class EpisodeRecord:
     ret: float
     length: int
     success: bool
+    task_index: int = -1
+    """Multi-task envs: the episode's index into ``EnvSpec.tasks`` (``task_index`` of its final observation)."""
 
 
 @dataclass
@@ -76,6 +81,9 @@ class Rollout:
         group_ids: ``[B]`` group of each env (group mode) or None.
         episodes: episodes that ended during collection.
         env_steps: env steps taken (all envs).
+        times: wall seconds of the collection (``time/rollout_collect_s``) and of its stages
+            (``time/rollout_env_s``: waiting for the envs, ``_act_s``: the policy, ``_value_s``: bootstrap
+            values; :mod:`vla_rl.timing`).
     """
 
     obs: dict[str, Any]
@@ -93,6 +101,7 @@ class Rollout:
     step_reward_terms: dict[str, Tensor] = field(default_factory=dict)
     episodes: list[EpisodeRecord] = field(default_factory=list)
     env_steps: int = 0
+    times: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_decisions(self) -> int:
@@ -190,6 +199,7 @@ class RolloutEngine:
         self.reward = RewardFunction(reward or RewardConfig(), env.spec.env_id)
         self._obs: Obs | None = None
         self.total_env_steps = 0
+        self.times = StageTimes()  # env / act / value seconds of the collection in progress
 
     @property
     def pipeline_groups(self) -> list[list[int]] | None:
@@ -202,13 +212,14 @@ class RolloutEngine:
     def _value(self, obs: Obs) -> Tensor:
         if not self.use_critic:
             return torch.zeros(len(obs[TASK]))
-        with torch.no_grad():
+        with torch.no_grad(), self.times("value"):
             return self.policy.value(obs).float().cpu()
 
     def _run_chunk(self, obs: Obs, actions: Tensor, alive: Tensor) -> dict[str, Any]:
         """Execute one chunk on every env (:meth:`sim.VecEnv.step_chunk`); per-env rewards and terms, end
         flags, final obs rows and the episodes that ended."""
-        steps = self.env.step_chunk(actions[:, : self.exec_steps])
+        with self.times("env"):
+            steps = self.env.step_chunk(actions[:, : self.exec_steps])
         self.total_env_steps += self.env.num_envs * self.exec_steps
         self._obs = steps.obs
         return _cat_chunks([self._chunk_from_steps(steps, alive, actions, obs)])
@@ -257,7 +268,8 @@ class RolloutEngine:
         alive = torch.ones(b, dtype=torch.bool)
         for _ in range(num_decisions):
             obs = self._obs
-            out = self.policy.act(obs, mode)
+            with self.times("act"):
+                out = self.policy.act(obs, mode)
             value = out.value.float().cpu() if (self.use_critic and out.value is not None) else torch.zeros(b)
             chunk = self._run_chunk(obs, out.actions.cpu(), alive)
             obs_list.append(obs)
@@ -290,7 +302,8 @@ class RolloutEngine:
 
         def finish(k: int) -> None:
             ids, a, _ = halves[k]
-            steps = env.chunk_wait(ids)
+            with self.times("env"):
+                steps = env.chunk_wait(ids)
             in_flight[k] = False
             self.total_env_steps += len(ids) * self.exec_steps
             rec = per_half[k][-1]
@@ -316,10 +329,12 @@ class RolloutEngine:
                         done_at = d
                         break
                 rows = _slice(obs, a, e)
-                out = self.policy.act(rows, mode)
+                with self.times("act"):
+                    out = self.policy.act(rows, mode)
                 value = out.value.float().cpu() if (self.use_critic and out.value is not None) else torch.zeros(len(ids))
                 per_half[k].append((rows, out, value, {}, alive[k].clone()))
-                env.chunk_async(out.actions.cpu()[:, : self.exec_steps], ids)
+                with self.times("env"):
+                    env.chunk_async(out.actions.cpu()[:, : self.exec_steps], ids)
                 in_flight[k] = True
             if done_at is not None:
                 break
@@ -354,6 +369,7 @@ class RolloutEngine:
                 episodes.append((h, EpisodeRecord(
                     env=i, task=steps.final_obs[TASK][j], ret=float(steps.episode_return[h, j]),
                     length=int(steps.episode_length[h, j]), success=bool(steps.success[h, j]),
+                    task_index=int(steps.final_obs[TASK_INDEX][j]) if TASK_INDEX in steps.final_obs else -1,
                 )))
         term = (steps.terminated & live).any(0)
         trunc = (steps.truncated & live & ~steps.terminated).any(0)
@@ -363,6 +379,8 @@ class RolloutEngine:
     def _collect(self, num_decisions: int, mode: ActMode, group_ids: Tensor | None, stop_when_all_ended: bool) -> Rollout:
         b = self.env.num_envs
         steps_before = self.total_env_steps
+        start = time.perf_counter()
+        self.times.take()
         groups = self.pipeline_groups
         if groups is not None:
             obs_list, outs, chunks, values, valid = self._decisions_pipelined(
@@ -396,4 +414,5 @@ class RolloutEngine:
             group_ids=group_ids,
             episodes=episodes,
             env_steps=self.total_env_steps - steps_before,
+            times={**self.times.take("time/rollout_"), "time/rollout_collect_s": time.perf_counter() - start},
         )

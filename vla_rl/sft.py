@@ -115,6 +115,9 @@ class SFTUpdater:
             policy, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema), use_buffers=False,
         ) if cfg.ema else None
         self.steps = 0
+        self.call: Callable[..., Any] = lambda method, *args: getattr(policy, method)(*args)
+        """How :meth:`step` calls the policy's ``sft_loss``: a learner under DDP routes it through its wrapper
+        (:meth:`vla_rl.algorithms.base.Learner.call`) so the gradients are all-reduced."""
 
     def augment(self, obs: dict[str, Any]) -> dict[str, Any]:
         """``obs`` with every ``observation.images.*`` randomly shifted (:func:`random_shift`), in key order."""
@@ -132,7 +135,7 @@ class SFTUpdater:
             gradient norm before clipping).
         """
         self.policy.train()
-        loss = self.policy.sft_loss(self.augment(batch.obs), batch.actions, batch.mask)
+        loss = self.call("sft_loss", self.augment(batch.obs), batch.actions, batch.mask)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)

@@ -10,7 +10,7 @@ and denoising steps are :mod:`policies.smoke`'s):
 - sizes are *capped*, never raised: ``num_envs <= 2``, ``iterations <= 2``,
   ``max_episode_steps <= 8``, ``decisions_per_iter`` just enough for one
   episode, one epoch,
-  ``group_size <= 2``, two eval episodes, no video, no wandb / TensorBoard;
+  ``group_size <= 2``, two eval episodes (one per task under ``eval.protocol per_task``), no video, no wandb / TensorBoard;
   a value given on the command line below a cap is kept;
 - envs run in this process (``num_workers 0``) with 32 px images, or in state
   mode for policies that need no camera;
@@ -70,7 +70,8 @@ def apply_smoke(cfg: TrainConfig) -> TrainConfig:
         obs_mode=rule.obs_mode, image_size=min(cfg.env.image_size or IMAGE_SIZE, IMAGE_SIZE),
         max_episode_steps=max_episode_steps,
     )
-    evals = replace(cfg.eval, episodes=min(cfg.eval.episodes, EVAL_EPISODES), num_envs=MAX_ENVS, every=0, video=False)
+    evals = replace(cfg.eval, episodes=min(cfg.eval.episodes, EVAL_EPISODES), num_envs=MAX_ENVS, every=0, video=False,
+                    episodes_per_task=1)
     logging = replace(cfg.logging, wandb=False, tensorboard=False)
     return replace(cfg, env=env, algo=algo, eval=evals, logging=logging, policy=policy,
                    iterations=min(cfg.iterations, MAX_ITERATIONS), exec_steps=exec_steps, checkpoint_every=1)

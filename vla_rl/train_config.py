@@ -19,11 +19,13 @@ from policies.registry import POLICIES
 from rewards.config import RewardConfig
 from vla_rl.algorithms import grpo as _grpo  # noqa: F401  (registers the built-in learners)
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
+from vla_rl.algorithms import rac as _rac  # noqa: F401
 from vla_rl.algorithms import sft as _sft  # noqa: F401
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.config import EnvConfig
 from vla_rl.run_logging import LoggingConfig
+from vla_rl.threads import ThreadsConfig
 
 DEFAULT_POLICY = "compact-flow"
 
@@ -82,6 +84,13 @@ class EvalConfig:
     """Write an MP4 of each evaluation."""
     video_envs: int = 4
     """Envs tiled into the eval video."""
+    protocol: str = "seeds"
+    """``seeds``: ``episodes`` episodes from held-out seeds (any env). ``per_task`` (multi-task envs): the
+    benchmarks' protocol, every evaluated task for ``episodes_per_task`` episodes, episode ``k`` of a task on
+    LIBERO's fixed init state ``k`` (ManiSkill / MuJoCo: seed ``eval.seed + k``), success averaged over tasks
+    with per-task 95% intervals (:func:`vla_rl.evaluation.evaluate_per_task`)."""
+    episodes_per_task: int = 50
+    """``per_task`` protocol: episodes per task (LIBERO's protocol: 50, one per init state)."""
 
 
 @dataclass
@@ -93,6 +102,12 @@ class DataConfig:
     inputs by name (:func:`vla_rl.data.load_chunks`)."""
     episodes: int = 0
     """Use only the first this many episodes; 0 = all."""
+    intervention_split: str = "correction"
+    """How intervention steps without RaC labels (LeRobot's ``intervention`` flag only) are labelled:
+    ``correction`` (all), ``first-k`` (the first ``recovery_steps`` of each takeover are recovery) or
+    ``retreat`` (the leading rising steps are recovery); see :func:`vla_rl.intervention.labels.labels_from_flags`."""
+    recovery_steps: int = 5
+    """``first-k``: recovery steps at the start of each takeover."""
 
 
 SEED_BLOCK = 1_000_000
@@ -154,6 +169,8 @@ class TrainConfig:
     reset_every_iteration: bool = True
     """Reset all envs (with per-iteration seeds) at the start of each iteration: iterations are then
     a pure function of (weights, optimizer, RNG, iteration), which makes --resume exact."""
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig)
+    """Torch threads per stage (``--threads.rollout``, ``--threads.update``; :class:`vla_rl.threads.ThreadsConfig`)."""
     checkpoint_every: int = 1
     """Save a checkpoint every this many iterations."""
     keep_last: int = 3
@@ -176,6 +193,10 @@ class TrainConfig:
                 f"({self.env.max_episode_steps}): one decision would span several episodes"
             )
 
+        if self.eval.protocol not in ("seeds", "per_task"):
+            raise ValueError(f"eval.protocol must be 'seeds' or 'per_task', got {self.eval.protocol!r}")
+        if self.eval.episodes_per_task < 1:
+            raise ValueError(f"eval.episodes_per_task must be >= 1, got {self.eval.episodes_per_task}")
         if self.eval.seed is None:
             self.eval.seed = EVAL_SEED_BASE + self.seed * SEED_BLOCK
         clash = training_seed_overlap(self)

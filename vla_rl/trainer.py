@@ -25,15 +25,20 @@ from tqdm import tqdm
 from policies.base import Policy
 from policies.io import checkpoint_cameras
 from policies.loading import load_policy
+from sim.core import EnvSpec
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
+from vla_rl.curriculum import TaskCurriculum
 from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
-from vla_rl.evaluation import EvalResult, evaluate_policy
+from vla_rl.distributed import SINGLE, Distributed, rank_seed
+from vla_rl.evaluation import EvalResult, EvalShard, evaluate_policy
 from vla_rl.policy_factory import build_policy
 from vla_rl.reweigh import TRACE_DIR, save_reward_trace
-from vla_rl.rollout import Rollout, RolloutEngine, reward_scalars
+from vla_rl.rollout import EpisodeRecord, Rollout, RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
+from vla_rl.threads import torch_threads
+from vla_rl.timing import StageTimes, split_remainder, time_summary
 from vla_rl.train_config import TrainConfig, training_seed_range
 
 
@@ -43,9 +48,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rollout_scalars(rollout: Rollout) -> dict[str, float]:
-    """Episode statistics and per-term rewards of a rollout, for logging (``rollout/*``, ``reward/*``)."""
-    eps = rollout.episodes
+def rollout_scalars(rollout: Rollout, episodes: list[EpisodeRecord] | None = None) -> dict[str, float]:
+    """Episode statistics and per-term rewards of a rollout, for logging (``rollout/*``, ``reward/*``); the episode
+    statistics are over ``episodes`` when given (every rank's, in a distributed run), else the rollout's own."""
+    eps = rollout.episodes if episodes is None else episodes
     nan = float("nan")
     return {
         "rollout/episodes": float(len(eps)),
@@ -54,6 +60,24 @@ def rollout_scalars(rollout: Rollout) -> dict[str, float]:
         "rollout/length": sum(e.length for e in eps) / len(eps) if eps else nan,
         **reward_scalars(rollout),
     }
+
+
+def task_curriculum(cfg: TrainConfig, spec: EnvSpec) -> TaskCurriculum | None:
+    """The run's :class:`TaskCurriculum` for a multi-task env; None for a single-task one.
+
+    Raises:
+        ConfigError: for task settings a single-task env cannot honour, or an unknown held-out task.
+    """
+    if not spec.tasks:
+        if cfg.env.tasks.holdout or cfg.env.tasks.sampler != "uniform" or cfg.eval.protocol == "per_task":
+            raise ConfigError(f"env.tasks / eval.protocol: {cfg.env.id} is a single-task env; task sampling, "
+                              "hold-out and the per_task protocol need a multi-task id (mujoco/multi, "
+                              "libero/<suite>, maniskill/TabletopSet-v1)")
+        return None
+    try:
+        return TaskCurriculum(spec.tasks, cfg.env.tasks)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class Trainer:
@@ -76,19 +100,27 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.learner_cls: type[Learner] = ALGORITHMS.get(cfg.algo.type).obj  # fails before any env is built
+        self.dist: Distributed = SINGLE  # the ranks of this run (vla_rl.distributed), found by run()
+        self.curriculum: TaskCurriculum | None = None  # set once the env is built (multi-task envs)
 
     def _config_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(draccus.encode(self.cfg), default=str))
 
     def _evaluate(self, policy: Policy, env: Any, iteration: int, logger: RunLogger, tag: str) -> EvalResult:
-        cfg = self.cfg
+        cfg, dist = self.cfg, self.dist
         policy.eval()
-        video = self.run_dir / "videos" / f"eval_{tag}.mp4" if cfg.eval.video else None
+        video = self.run_dir / "videos" / f"eval_{tag}.mp4" if cfg.eval.video and dist.is_main else None
 
         # Seeded like the env (evaluate_policy): the same policy always scores the same, the before and after
         # evaluations share their flow noise, and the training RNG stream is left untouched.
-        res = evaluate_policy(env, policy, cfg.eval.episodes, cfg.eval.seed, cfg.exec_steps, video,
-                              cfg.eval.video_envs, desc=f"eval {tag}")
+        tasks = self.curriculum.eval_tasks if cfg.eval.protocol == "per_task" and self.curriculum else None
+        seed, shard = cfg.eval.seed, None
+        if dist.enabled and tasks is None:  # this rank plays its slice of the evaluation envs; episodes gathered
+            shard = EvalShard(cfg.eval_envs, dist.rank * env.num_envs, dist.gather_objects)
+            seed += shard.offset
+        res = evaluate_policy(env, policy, cfg.eval.episodes, seed, cfg.exec_steps, video,
+                              cfg.eval.video_envs, desc=f"eval {tag}", progress=dist.is_main, tasks=tasks,
+                              episodes_per_task=cfg.eval.episodes_per_task, shard=shard)
         if res.video:
             logger.log_video(iteration, "eval/video", res.video, env.spec.control_freq)
         return res
@@ -100,26 +132,52 @@ class Trainer:
             print(f"no complete checkpoint in {self.ckpt_dir}; starting from scratch")
         if not cfg.resume and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
             raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume true or another --name/--run_dir")
+        self.dist = dist = Distributed.from_environment()
         seed_everything(cfg.seed)
-        env = cfg.env.make()
+        if dist.enabled:  # rank r holds envs [r*n, (r+1)*n) of the run, seeded as those envs
+            cfg.algo.check_run(dist.shard(cfg.env.num_envs, "env.num_envs"))
+            env = cfg.env.make(*dist.env_shard(cfg.env.num_envs, cfg.env.seed))
+        else:
+            env = cfg.env.make()
         eval_env = None
         try:
-            eval_env = cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed)
+            if dist.enabled:
+                eval_env = cfg.env.make(*dist.env_shard(cfg.eval_envs, cfg.eval.seed, "eval.num_envs"))
+            else:
+                eval_env = cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed)
+            self.curriculum = task_curriculum(cfg, env.spec)
+            if self.curriculum is not None and cfg.env.tasks.holdout:  # evaluate on the held-out tasks only
+                eval_env.schedule_tasks(weights=(~self.curriculum.train_mask).astype(float))
             if resume_from is not None:
                 policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)  # resume_checkpoint verified it
             else:
                 policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
             learner: Learner = self.learner_cls(cfg.algo, policy)
+            if dist.enabled:  # same initial weights on every rank; from here on each rank draws its own noise
+                learner.to(dist.device)
+                learner.distribute(dist)
+                seed_everything(rank_seed(cfg.seed, dist.rank))
             start_iter, best = 0, None
             env_steps = 0
             if resume_from is not None:
                 state = ckpt.load_trainer_state(resume_from)
                 learner.load_state_dict(state["learner"])
+                if self.curriculum is not None and "curriculum" in state:
+                    self.curriculum.load_state_dict(state["curriculum"])
                 ckpt.set_rng_state(state["rng"])
+                if dist.enabled:
+                    ranks = state.get("ranks") or []
+                    if len(ranks) != dist.world_size:
+                        raise ConfigError(f"{resume_from} was written by {len(ranks) or 1} process(es); resume it "
+                                          f"with as many (this launch has {dist.world_size})")
+                    ckpt.set_rng_state(ranks[dist.rank]["rng"])
+                    learner.load_rank_state(ranks[dist.rank]["learner"])
                 start_iter, env_steps = state["iteration"], state["env_steps"]
-                best = ckpt.best_metric(self.ckpt_dir)
-                print(f"resuming {self.run_dir} at iteration {start_iter} from {resume_from}")
-            logger = RunLogger(self.run_dir, cfg.logging, self._config_dict(), resume=resume_from is not None)
+                best = ckpt.best_metric(self.ckpt_dir, report=print if dist.is_main else lambda line: None)
+                if dist.is_main:
+                    print(f"resuming {self.run_dir} at iteration {start_iter} from {resume_from}")
+            logger = RunLogger(self.run_dir, cfg.logging, self._config_dict(), resume=resume_from is not None) \
+                if dist.is_main else _NullLogger()
             try:
                 return self._loop(policy, learner, env, eval_env, logger, start_iter, env_steps, best)
             finally:
@@ -134,55 +192,88 @@ class Trainer:
         cfg = self.cfg
         engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward)
         learner.check_env(env.spec, engine.exec_steps, cfg.reset_every_iteration)
-        engine.total_env_steps = env_steps
+        dist = self.dist
+        engine.total_env_steps = env_steps // dist.world_size  # this rank's share of the run's env steps
         data = self._offline_data(learner, policy)
         first = last = None
         if start_iter == 0:
             first = self._evaluate(policy, eval_env, 0, logger, "iter_000000")
             logger.log(0, first.scalars())
             self._write_eval(first, "before")
-        bar = tqdm(range(start_iter, cfg.iterations), desc="train", unit="it", initial=start_iter, total=cfg.iterations)
+        bar = tqdm(range(start_iter, cfg.iterations), desc="train", unit="it", initial=start_iter, total=cfg.iterations,
+                   disable=not dist.is_main)
+        after_row = StageTimes()  # logging and checkpointing, done after an iteration's row is written
         for it in bar:
             t0 = time.perf_counter()
+            carried = after_row.take("time/")  # the previous iteration's log / checkpoint seconds
             base, _ = training_seed_range(cfg, it)
+            base = dist.seed_base(base, env.num_envs)
             policy.train()
+            if self.curriculum is not None:  # this iteration's resets draw their tasks from these weights
+                env.schedule_tasks(weights=self.curriculum.weights())
             inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration,
                                      engine=engine if learner.needs.env_rollouts else None, data=data)
-            batch = learner.collect(inputs)
+            with torch_threads(cfg.threads.rollout):
+                batch = learner.collect(inputs)
             t1 = time.perf_counter()
-            stats = learner.update(batch)
+            with torch_threads(cfg.threads.update):
+                stats = learner.update(batch)
             t2 = time.perf_counter()
-            scalars = {**(rollout_scalars(batch) if isinstance(batch, Rollout) else {}),
-                       "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
+            scalars = {"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
+            scalars.update(split_remainder(t2 - t1, {k: v for k, v in stats.items() if k.startswith("time/update_")},
+                                           "time/update_other_s"))
             if isinstance(batch, Rollout):
+                stages = {k: v for k, v in batch.times.items() if k != "time/rollout_collect_s"}
+                scalars.update(split_remainder(t1 - t0, stages, "time/rollout_other_s"))
                 scalars["time/env_steps_per_s"] = batch.env_steps / max(t1 - t0, 1e-9)
-            step = engine.total_env_steps
+            else:  # a dataset learner: drawing its batch
+                scalars["time/rollout_other_s"] = t1 - t0
+            scalars = dist.merge_scalars(scalars, summed=("time/env_steps_per_s",))
+            if isinstance(batch, Rollout):
+                episodes = dist.gather_objects(list(batch.episodes))  # every rank's, so the curriculum agrees
+                scalars = {**rollout_scalars(batch, episodes), **scalars}
+                if self.curriculum is not None:
+                    self.curriculum.observe((e.task_index, e.success) for e in episodes)
+                    scalars.update(self.curriculum.scalars())
+            step = int(dist.sum(torch.tensor(engine.total_env_steps)).item()) if dist.enabled else engine.total_env_steps
             done_iter = it + 1
             is_last = done_iter == cfg.iterations
+            t_eval = time.perf_counter()
             if is_last or (cfg.eval.every and done_iter % cfg.eval.every == 0):
                 res = self._evaluate(policy, eval_env, step, logger, f"iter_{done_iter:06d}")
                 scalars.update(res.scalars())
                 last = res
-            logger.log(step, scalars)
+            scalars["time/eval_s"] = time.perf_counter() - t_eval
+            scalars.update({"time/log_s": 0.0, "time/checkpoint_s": 0.0, **carried})
+            scalars["time/iteration_s"] = time.perf_counter() - t0 + scalars["time/log_s"] + scalars["time/checkpoint_s"]
+            with after_row("log"):
+                logger.log(step, scalars)
             every = cfg.reward.save_terms_every
-            if isinstance(batch, Rollout) and every and done_iter % every == 0:  # for `vla-rl reward reweigh`
+            if isinstance(batch, Rollout) and every and done_iter % every == 0 and dist.is_main:  # reward reweigh
                 save_reward_trace(batch, self.run_dir / TRACE_DIR / f"iter_{done_iter:06d}.pt",
                                   self._config_dict()["algo"], cfg.reward.weights())
             shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
             bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
-                            eval=f"{last.success_rate:.2f}" if last else "-")
+                            eval=f"{last.success_rate:.2f}" if last else "-", time=time_summary(scalars))
             if is_last or done_iter % cfg.checkpoint_every == 0:
-                saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, {
-                    "learner": learner.state_dict(), "rng": ckpt.rng_state(),
-                    "iteration": done_iter, "env_steps": step,
-                }, self._config_dict(), cfg.keep_last)
-                if last is not None and (best is None or last.success_rate > best) and "eval/success" in scalars:
-                    best = last.success_rate
-                    ckpt.mark_best(self.ckpt_dir, saved, best)
+                after_row.start("checkpoint")
+                state = {"learner": learner.state_dict(), "rng": ckpt.rng_state(), "iteration": done_iter,
+                         "env_steps": step,
+                         **({"curriculum": self.curriculum.state_dict()} if self.curriculum is not None else {})}
+                if dist.enabled:  # every rank's RNG and own learner state; rank 0 writes them all
+                    state["ranks"] = dist.all_objects({"rng": state["rng"], "learner": learner.rank_state()})
+                if dist.is_main:
+                    saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, state, self._config_dict(),
+                                                 cfg.keep_last)
+                    if last is not None and (best is None or last.success_rate > best) and "eval/success" in scalars:
+                        best = last.success_rate
+                        ckpt.mark_best(self.ckpt_dir, saved, best)
+                after_row.stop("checkpoint")
         bar.close()
         if last is not None:
             self._write_eval(last, "after")
-        return {"before": first, "after": last, "run_dir": str(self.run_dir), "env_steps": engine.total_env_steps}
+        return {"before": first, "after": last, "run_dir": str(self.run_dir), "env_steps": engine.total_env_steps,
+                "main": dist.is_main}
 
     def _offline_data(self, learner: Learner, policy: Policy) -> ChunkDataset | None:
         """The ``data.path`` dataset as chunks of the policy's horizon, for a learner that needs
@@ -197,8 +288,24 @@ class Trainer:
             return None
         if not cfg.data.path:
             raise ConfigError(f"algo.type={cfg.algo.type} trains on offline data: pass --data.path <LeRobotDataset folder>")
-        return load_chunks(cfg.data.path, policy_inputs(policy), policy.chunk_size, cfg.data.episodes)
+        return load_chunks(cfg.data.path, policy_inputs(policy), policy.chunk_size, cfg.data.episodes,
+                           cfg.data.intervention_split, cfg.data.recovery_steps)
 
     def _write_eval(self, res: EvalResult, tag: str) -> None:
+        if not self.dist.is_main:
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(dataclasses.asdict(res), indent=2))
+
+
+class _NullLogger:
+    """The logger of ranks other than 0 (rank 0 alone writes ``metrics.jsonl``, TensorBoard and wandb)."""
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        pass
+
+    def log_video(self, step: int, key: str, path: Any, fps: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

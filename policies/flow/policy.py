@@ -212,8 +212,9 @@ class FlowPolicy(Policy):
     ) -> ActOutput:
         """Sample an action chunk.
 
-        ``EVAL`` runs the pure ODE (logp zeros, no extras); ``EXPLORE`` runs the
-        configured sampler and returns extras that :meth:`evaluate` re-scores.
+        ``EVAL`` runs the pure ODE (logp zeros, no extras, no value: evaluation needs none, and the
+        expert-placed critic would cost one more expert pass); ``EXPLORE`` runs the configured sampler and
+        returns extras that :meth:`evaluate` re-scores.
 
         Args:
             obs: observation batch (see :mod:`policies.io`).
@@ -224,7 +225,8 @@ class FlowPolicy(Policy):
                 (latent-noise RL) or compare against a reference sampler.
 
         Returns:
-            ``ActOutput(actions [B, H, A] env space, logp at logp_level, value [B] or None, extras)``.
+            ``ActOutput(actions [B, H, A] env space, logp at logp_level, value [B] (None in ``EVAL`` mode or
+            without a critic), extras)``.
         """
         mode = ActMode(mode)
         kind = SamplerKind.ODE if mode is ActMode.EVAL else self.sampler.kind
@@ -244,7 +246,7 @@ class FlowPolicy(Policy):
                 dim_mask=self.action_dim_mask,
                 generator=generator,
             )
-            value = self._value(ctx)
+            value = None if mode is ActMode.EVAL else self._value(ctx)  # evaluation reads no value: skip the pass
             actions = self.actions_to_env(sample.actions[..., : self.dims.action_dim])
         return ActOutput(actions=actions, logp=self._reduce(sample.logp), value=value, extras=sample.extras)
 

@@ -112,4 +112,4 @@ class GymHilBackend(Backend):
             penalty_key="discrete_penalty",
         )
         factories = [functools.partial(GymMujocoEnv, cfg, size, options.max_episode_steps) for _ in range(num_envs)]
-        return build_vec_env(factories, cfg.env_id, max(0, options.num_workers), spin=options.spin)
+        return build_vec_env(factories, cfg.env_id, max(0, options.num_workers), spin=options.spin, executor=options.executor)

@@ -65,6 +65,11 @@ from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.single import SingleEnv, StepOut
 from sim.vectorize import build_vec_env
+from vla_core.registry import Registry
+
+# The multi-task suite env (sim.backends.libero_suite, which builds on this module) registers itself here when
+# ``sim`` imports it, so this backend dispatches to it without importing it.
+SUITE_ENV: Registry[type[SingleEnv]] = Registry("LIBERO suite env")
 
 # Steps before truncation per suite, as in the standard LIBERO evaluation
 # (OpenVLA's run_libero_eval: longest training demonstration plus a margin).
@@ -74,6 +79,11 @@ SUITE_MAX_STEPS: dict[str, int] = {
     "libero_goal": 300,
     "libero_10": 520,
     "libero_90": 400,
+}
+# Multi-task ids over several suites (sim.backends.libero_suite): the four standard suites, and all five.
+SUITE_UNIONS: dict[str, tuple[str, ...]] = {
+    "libero_standard": ("libero_spatial", "libero_object", "libero_goal", "libero_10"),
+    "libero_130": ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"),
 }
 # Used only to list ids when hf-libero is not installed, so make_env can say what to install.
 _SUITE_SIZES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
@@ -121,12 +131,19 @@ class LiberoOptions(SimOptions):
             so the envs of a batch sweep distinct init states.
         config_path: folder holding LIBERO's ``config.yaml``; empty uses
             ``$LIBERO_CONFIG_PATH``, then ``${VLA_RL_HOME:-~/.cache/vla-rl}/libero``.
+        task_cache: suite ids (``libero/<suite>``): task scenes each env slot keeps built (least
+            recently used closed first); switching to a task outside the cache builds its scene.
+        train_init_states: suite ids: draw the init state of an unassigned episode from each
+            task's first N init states only (0 = all); the evaluation protocol then scores the
+            remaining ones, so training and evaluation init states stay disjoint.
     """
 
     settle_steps: int = 10
     hard_reset: bool = False
     init_state: int = -1
     config_path: str = ""
+    task_cache: int = 4
+    train_init_states: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -136,6 +153,10 @@ class LiberoOptions(SimOptions):
             raise ValueError(f"init_state must be -1 (pick by seed) or an index >= 0, got {self.init_state}")
         if self.control_mode not in CONTROL_MODES:
             raise ValueError(f"control_mode must be one of {CONTROL_MODES}, got {self.control_mode!r}")
+        if self.task_cache < 1:
+            raise ValueError(f"task_cache must be >= 1, got {self.task_cache}")
+        if self.train_init_states < 0:
+            raise ValueError(f"train_init_states must be >= 0 (0 = all), got {self.train_init_states}")
 
 
 # ------------------------------------------------------------------ metadata
@@ -357,6 +378,11 @@ class LiberoEnv(SingleEnv):
         # No renderer and no camera observables: ~5x faster steps.
         return ControlEnv(has_offscreen_renderer=False, use_camera_obs=False, **common)
 
+    @property
+    def num_init_states(self) -> int:
+        """How many init states the benchmark stores for this task (50 for every standard task)."""
+        return len(self._init_states)
+
     def reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], str]:
         """Restore an init state (see :class:`LiberoOptions.init_state`), settle, return (obs, instruction)."""
         count = len(self._init_states)
@@ -367,6 +393,16 @@ class LiberoEnv(SingleEnv):
         else:
             index = self._next % count
         self._next = index + self._stride
+        return self.restore(index), self.instruction
+
+    def restore(self, index: int) -> dict[str, np.ndarray]:
+        """Start an episode from init state ``index`` (after settling); returns the observation.
+
+        Raises:
+            EnvError: for an index out of range.
+        """
+        if not 0 <= index < len(self._init_states):
+            raise EnvError(f"{self.spec.env_id}: init state {index} out of range (0-{len(self._init_states) - 1})")
         self.init_state_index = index
         self._env.reset()
         # robosuite 1.4 keeps the Panda gripper's ramped command across soft
@@ -382,7 +418,7 @@ class LiberoEnv(SingleEnv):
         self._set_cameras(True)
         raw = self._env.env._get_observations(force_update=True)
         self._t = 0
-        return self._obs(raw), self.instruction
+        return self._obs(raw)
 
     def _set_cameras(self, enabled: bool) -> None:
         """Turn the camera observables (rendering) on or off; no-op in ``state`` mode."""
@@ -448,8 +484,9 @@ class LiberoBackend(Backend):
     always_renders_wrist_camera = True  # ``observation.images.wrist_image`` (eye-in-hand), no switch
 
     def tasks(self) -> list[str]:
-        """``<suite>/<index>`` for every task of the five suites, from hf-libero's task table."""
-        return task_ids()
+        """``<suite>/<index>`` for every task of the five suites, from hf-libero's task table, then the
+        multi-task suite ids (each suite, ``libero_standard``, ``libero_130``; :mod:`sim.backends.libero_suite`)."""
+        return task_ids() + list(SUITE_MAX_STEPS) + list(SUITE_UNIONS)
 
     def make(self, task: str, num_envs: int, seed: int, options: SimOptions) -> VecEnv:
         """Check the setup here, then build ``num_envs`` envs in spawned workers (or in-process if 0).
@@ -461,14 +498,23 @@ class LiberoBackend(Backend):
         if not isinstance(options, LiberoOptions):
             raise EnvError(f"libero/{task}: options must be LiberoOptions, got {type(options).__name__}")
         env_id = f"libero/{task}"
-        suite, index = _split_task(env_id, task)
         config_dir = resolve_config_dir(options.config_path)
-        check_setup(env_id, suite, index, config_dir)
-        factories = [
-            partial(LiberoEnv, env_id, suite, index, options, str(config_dir), slot=i, stride=num_envs)
-            for i in range(num_envs)
-        ]
+        factories: list[Any]
+        if task in SUITE_MAX_STEPS or task in SUITE_UNIONS:  # a whole suite as one multi-task env
+            LiberoSuiteEnv = SUITE_ENV.get("suite").obj  # noqa: N806  (a class)
+            names = suite_task_names()
+            for suite in SUITE_UNIONS.get(task, (task,)):
+                for index in range(len(names.get(suite, ())) or 1):
+                    check_setup(env_id, suite, index, config_dir)
+            factories = [partial(LiberoSuiteEnv, env_id, task, options, str(config_dir)) for _ in range(num_envs)]
+        else:
+            suite, index = _split_task(env_id, task)
+            check_setup(env_id, suite, index, config_dir)
+            factories = [
+                partial(LiberoEnv, env_id, suite, index, options, str(config_dir), slot=i, stride=num_envs)
+                for i in range(num_envs)
+            ]
         workers = options.num_workers
         if workers < 0:
             workers = min(num_envs, os.cpu_count() or 1)
-        return build_vec_env(factories, env_id, workers, context="spawn", spin=options.spin)
+        return build_vec_env(factories, env_id, workers, context="spawn", spin=options.spin, executor=options.executor)

@@ -183,9 +183,10 @@ class ManiSkillBackend(Backend):
 
     def tasks(self) -> list[str]:
         """The supported ManiSkill task ids."""
+        from sim.backends.maniskill_set import SET_ID
         from sim.backends.maniskill_tasks import TASKS
 
-        return sorted(TASKS)
+        return sorted(TASKS) + [SET_ID]
 
     def make(self, task: str, num_envs: int, seed: int, options: SimOptions) -> VecEnv:
         """Build ``num_envs`` envs of ``task`` on the CPU (worker processes) or GPU path.
@@ -208,6 +209,16 @@ class ManiSkillBackend(Backend):
         reason = vulkan_error(icd)
         if reason is not None:
             raise EnvError(vulkan_message(env_id, reason, icd))
+        from sim.backends.maniskill_set import SET_ID, make_set_single
+
+        if task == SET_ID:  # several tasks: one CPU env per task and slot (a GPU env holds one task)
+            if options.sim_backend == "gpu":
+                raise EnvError(f"{env_id}: the task set runs on the CPU backend only; use sim_backend 'cpu' or 'auto'")
+            from sim.vectorize import build_vec_env
+
+            workers = options.num_workers if options.num_workers >= 0 else min(num_envs, os.cpu_count() or 1)
+            factory = functools.partial(make_set_single, ManiSkillSingleEnv, options, icd)
+            return build_vec_env([factory] * num_envs, env_id, workers, spin=options.spin)
         if options.sim_backend == "gpu" or (options.sim_backend == "auto" and cuda):
             from sim.backends.maniskill_gpu import ManiSkillGPUVecEnv
 
@@ -218,4 +229,4 @@ class ManiSkillBackend(Backend):
 
         workers = options.num_workers if options.num_workers >= 0 else min(num_envs, os.cpu_count() or 1)
         factory = functools.partial(_make_single, task, options, icd)
-        return build_vec_env([factory] * num_envs, env_id, workers, spin=options.spin)
+        return build_vec_env([factory] * num_envs, env_id, workers, spin=options.spin, executor=options.executor)

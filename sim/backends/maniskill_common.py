@@ -46,12 +46,15 @@ class ManiSkillOptions(SimOptions):
         vulkan_icd: path of a Vulkan ICD json (the one
             ``scripts/install_lavapipe.sh`` prints); empty uses
             ``VK_ICD_FILENAMES`` from the environment, or the system's drivers.
+        task_cache: ``maniskill/TabletopSet-v1``: task envs each slot keeps built (least recently
+            used closed first; see :mod:`sim.backends.maniskill_set`).
     """
 
     sim_backend: str = "auto"
     reward_mode: str = "normalized_dense"
     robot_uids: str = ""
     vulkan_icd: str = ""
+    task_cache: int = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +62,8 @@ class ManiSkillOptions(SimOptions):
             raise ValueError(f"sim_backend must be one of {', '.join(SIM_BACKENDS)}; got {self.sim_backend!r}")
         if self.reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {', '.join(REWARD_MODES)}; got {self.reward_mode!r}")
+        if self.task_cache < 1:
+            raise ValueError(f"task_cache must be >= 1, got {self.task_cache}")
 
     @property
     def resolved_control_mode(self) -> str:

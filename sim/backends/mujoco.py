@@ -123,4 +123,4 @@ class MujocoBackend(Backend):
             terminate_on_success=options.terminate_on_success,
         )
         factories = [functools.partial(TabletopEnv, cfg) for _ in range(num_envs)]
-        return build_vec_env(factories, env_id, max(0, options.num_workers), spin=options.spin)
+        return build_vec_env(factories, env_id, max(0, options.num_workers), spin=options.spin, executor=options.executor)

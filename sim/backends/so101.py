@@ -156,4 +156,4 @@ class SO101Backend(Backend):
             expert_factory=expert,
         )
         factories = [functools.partial(GymMujocoEnv, cfg, size, options.max_episode_steps) for _ in range(num_envs)]
-        return build_vec_env(factories, env_id, max(0, options.num_workers), spin=options.spin)
+        return build_vec_env(factories, env_id, max(0, options.num_workers), spin=options.spin, executor=options.executor)

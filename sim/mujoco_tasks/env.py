@@ -8,7 +8,7 @@ Observations (no batch dim):
   closed), the seven arm joint angles (rad);
 - ``observation.env_state``: ``float32 [13]`` (privileged) = red, green, blue
   cube centres (3 x xyz), pad centre xyz, task index into
-  :data:`sim.mujoco_tasks.tasks.TASKS`.
+  :data:`sim.mujoco_tasks.tasks.ALL_TASKS`.
 
 Actions ``float32 [4]`` in ``[-1, 1]``: pinch-point displacement ``dx, dy, dz``
 (times ``max_step`` metres per step) and the gripper command (-1 open, +1
@@ -33,6 +33,7 @@ from sim.mujoco_tasks.tasks import (
     MULTI,
     MULTI_MAX_EPISODE_STEPS,
     REWARD_MODES,
+    ALL_TASKS,
     TASK_INDEX,
     TASKS,
     Task,
@@ -42,6 +43,8 @@ from sim.mujoco_tasks.tasks import (
     reward_terms,
 )
 from sim.single import SingleEnv, StepOut
+from sim.tasks import TASK_INDEX as TASK_INDEX_KEY
+from sim.tasks import Assignment, TaskSchedule
 
 STATE_DIM = 11
 ENV_STATE_DIM = 13
@@ -106,12 +109,12 @@ class TabletopEnv(SingleEnv):
             bad = [n for n in names if n not in TASK_INDEX]
             if bad:
                 raise EnvError(f"{cfg.env_id}: unknown multi_tasks {bad}; valid: {sorted(TASK_INDEX)}")
-            self._choices = [TASKS[TASK_INDEX[n]] for n in names]
+            self._choices = [ALL_TASKS[TASK_INDEX[n]] for n in names]
             default_steps = (
                 max(t.max_episode_steps for t in self._choices) if cfg.multi_tasks else MULTI_MAX_EPISODE_STEPS
             )
         elif cfg.task in TASK_INDEX:
-            self._choices = [TASKS[TASK_INDEX[cfg.task]]]
+            self._choices = [ALL_TASKS[TASK_INDEX[cfg.task]]]
             default_steps = self._choices[0].max_episode_steps
         else:
             raise EnvError(f"{cfg.env_id}: unknown task {cfg.task!r}; valid: {sorted(TASK_INDEX)} and {MULTI!r}")
@@ -136,6 +139,11 @@ class TabletopEnv(SingleEnv):
         obs_spec = {image_key(c): TensorSpec((size, size, 3), torch.uint8, 0, 255) for c in self.cameras}
         obs_spec[OBS_STATE] = TensorSpec((STATE_DIM,), torch.float32)
         obs_spec[OBS_ENV_STATE] = TensorSpec((ENV_STATE_DIM,), torch.float32)
+        multi = cfg.task == MULTI
+        if multi:
+            obs_spec[TASK_INDEX_KEY] = TensorSpec((), torch.int64)
+        self.schedule = TaskSchedule(len(self._choices), cfg.env_id)
+        self._task_slot = 0
         self.spec = EnvSpec(
             env_id=cfg.env_id,
             observation=obs_spec,
@@ -143,6 +151,7 @@ class TabletopEnv(SingleEnv):
             max_episode_steps=self.max_episode_steps,
             control_freq=cfg.control_freq,
             cameras=self.cameras,
+            tasks=tuple(t.name for t in self._choices) if multi else (),
         )
         self._renderer: mujoco.Renderer | None = None
         self._scene_option = mujoco.MjvOption()
@@ -160,8 +169,12 @@ class TabletopEnv(SingleEnv):
         """Start an episode: draw the task (``multi``), the cube/pad layout and the arm start."""
         if seed is not None:
             self._rng = np.random.default_rng(seed)
+        plan = self.schedule.next(self._rng)  # uniform: one rng.integers draw, as before task schedules existed
+        if plan.seed is not None:
+            self._rng = np.random.default_rng(plan.seed)
         rng = self._rng
-        self.task = self._choices[int(rng.integers(len(self._choices)))] if len(self._choices) > 1 else self._choices[0]
+        self._task_slot = plan.task
+        self.task = self._choices[plan.task]
         m, d, ids = self.model, self.data, self.ids
         mujoco.mj_resetData(m, d)
         cubes_xy, pad_xy = sample_layout(rng, self.task)
@@ -179,6 +192,12 @@ class TabletopEnv(SingleEnv):
         self._state = self.read_state()
         self._phi = potentials(self.task, self._state)
         return self._observe(), self.task.instruction
+
+    def schedule_tasks(self, weights: np.ndarray | None, plan: list[Assignment] | None) -> None:
+        """Task weights / queued assignments of ``mujoco/multi`` and ``*-any`` (:mod:`sim.tasks`)."""
+        if not self.spec.tasks:
+            super().schedule_tasks(weights, plan)
+        self.schedule.set(weights, plan)
 
     def step(self, action: np.ndarray) -> StepOut:
         """Apply ``action [4]`` for one control step (``n_substeps`` physics steps).
@@ -281,6 +300,8 @@ class TabletopEnv(SingleEnv):
             ),
             OBS_ENV_STATE: np.concatenate([s.cubes.ravel(), s.pad, [TASK_INDEX[self.task.name]]]).astype(np.float32),
         }
+        if self.spec.tasks:
+            obs[TASK_INDEX_KEY] = np.int64(self._task_slot)
         if self.cameras and render:
             if self._renderer is None:
                 size = self.cfg.image_size

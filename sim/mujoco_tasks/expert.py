@@ -8,7 +8,11 @@ at every step (so a slipped grasp or a drifting push is corrected):
   4 mm above it, open, back off upwards;
 - push: close the gripper, go down behind the cube on the line from the pad
   through the cube, push along that line (re-aimed every step), stop when
-  the cube is on the pad centre.
+  the cube is on the pad centre;
+- sequence (long-horizon): the stack machine on the current sub-task
+  (:func:`sim.mujoco_tasks.tasks.subtask`): first onto a virtual cube under
+  the pad (places the cube on the pad), then (after releasing and rising)
+  the second cube onto the first; knocked off the pad, it starts over.
 
 Actions are ``(goal - reference) / max_step``, clipped. The env passes the
 measured pinch point as the reference (not the controller's integrated target,
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.mujoco_tasks.tasks import CUBE_HALF, Task, TaskState
+from sim.mujoco_tasks.tasks import CUBE_HALF, Task, TaskState, subtask, with_pad_base
 
 OPEN, CLOSE = -1.0, 1.0
 HOVER = 0.07  # m above the cube centre before descending
@@ -49,6 +53,7 @@ class ScriptedExpert:
         """Forget the phase; call at every episode start."""
         self.phase = "approach"
         self.count = 0
+        self.subtask = 0
 
     def act(self, task: Task, s: TaskState, closure: float, target: np.ndarray) -> np.ndarray:
         """The next action ``float32 [4]`` for ``task`` in state ``s``.
@@ -59,7 +64,15 @@ class ScriptedExpert:
             closure: gripper closure, 0 open .. 1 closed.
             target: the controller's current pinch target ``[3]``.
         """
-        if task.kind == "push":
+        if task.kind == "sequence":
+            sub, k = subtask(task, s)
+            if k != self.subtask:  # placed (release the cube and rise first) or knocked off the pad (start over)
+                self._set("release" if k > self.subtask else "approach")
+                self.subtask = k
+            elif self.phase == "retreat" and self.count >= RELEASE_STEPS:
+                self._set("approach")
+            goal, grip = self._pick_place(sub, with_pad_base(s) if k == 0 else s, closure)
+        elif task.kind == "push":
             goal, grip = self._push(task, s)
         else:
             goal, grip = self._pick_place(task, s, closure)

@@ -52,6 +52,20 @@ pick: reach -> grasp -> lift; push: reach -> touch -> place; stack: reach ->
 grasp -> lift -> place. :func:`stage_progress` counts the leading stages that
 hold now (0 .. number of stages), the milestone label a process reward model
 learns and the stage a stage-wise constraint cost applies in.
+
+Long-horizon tasks (:data:`LONG_TASKS`, kind ``sequence``) chain two
+sub-tasks; they have their own env ids and never join ``multi`` or the
+``<skill>-any`` ids (whose task sets, episodes and task indices are unchanged):
+
+- ``pick-place-stack``: pick the red cube, place it on the yellow pad, then
+  stack the blue cube on it. Stages: ``reach``, ``grasp``, ``lift`` (red),
+  ``place`` (red resting on the pad, 3.5 cm xy), then ``reach2``, ``grasp2``,
+  ``lift2`` (blue) and ``stack`` (blue on red, as the stack predicate). Once
+  red rests on the pad the first three stages count as held (the sub-task is
+  done, the hand has moved on); likewise ``reach2`` .. ``lift2`` once blue is
+  stacked. Success: red on the pad and blue stacked on
+  it, at rest and released. Reward potentials: half per sub-task, each the
+  pick/stack potentials of its cube and goal (:func:`potentials`).
 """
 
 from __future__ import annotations
@@ -81,8 +95,11 @@ STAGES: dict[str, tuple[str, ...]] = {
     "pick": ("reach", "grasp", "lift"),
     "push": ("reach", "touch", "place"),
     "stack": ("reach", "grasp", "lift", "place"),
+    "sequence": ("reach", "grasp", "lift", "place", "reach2", "grasp2", "lift2", "stack"),
 }
-STAGE_NAMES: tuple[str, ...] = ("reach", "grasp", "touch", "lift", "place")  # union, in order of first use
+STAGE_NAMES: tuple[str, ...] = (  # union, in order of first use
+    "reach", "grasp", "touch", "lift", "place", "reach2", "grasp2", "lift2", "stack")
+SEQUENCE_SUBTASKS = 2  # sub-tasks of a ``sequence`` task: place ``cube`` on the pad, stack ``second`` on it
 
 
 @dataclass(frozen=True)
@@ -91,9 +108,9 @@ class Task:
 
     Attributes:
         name: task id without the backend prefix, e.g. ``stack-red-on-green``.
-        kind: ``pick``, ``push`` or ``stack``.
-        cube: index (into ``CUBE_COLORS``) of the cube to move.
-        base: stack: index of the cube to stack on; -1 otherwise.
+        kind: ``pick``, ``push``, ``stack`` or ``sequence`` (long-horizon, :data:`LONG_TASKS`).
+        cube: index (into ``CUBE_COLORS``) of the cube to move (sequence: the one placed on the pad).
+        base: stack: index of the cube to stack on; sequence: the cube stacked on ``cube``; -1 otherwise.
         instruction: the language instruction given to the policy.
         max_episode_steps: default episode length at the default 10 Hz control.
     """
@@ -125,13 +142,48 @@ def _family() -> tuple[Task, ...]:
 
 
 TASKS: tuple[Task, ...] = _family()
-TASK_INDEX: dict[str, int] = {t.name: i for i, t in enumerate(TASKS)}
+"""The single-skill tasks: ``multi`` and the ``<skill>-any`` ids draw from these."""
+LONG_TASKS: tuple[Task, ...] = (
+    Task("pick-place-stack", "sequence", 0, 2, "put the red cube on the yellow pad, then stack the blue cube on it",
+         120),
+)
+"""Long-horizon tasks with sub-tasks: their own env ids only (module doc)."""
+ALL_TASKS: tuple[Task, ...] = TASKS + LONG_TASKS
+TASK_INDEX: dict[str, int] = {t.name: i for i, t in enumerate(ALL_TASKS)}
+"""Task name -> index into :data:`ALL_TASKS` (the single-skill tasks keep their indices)."""
 MULTI_MAX_EPISODE_STEPS = max(t.max_episode_steps for t in TASKS)
 
 
 def task_names() -> list[str]:
-    """Every task id of the family plus ``multi``."""
-    return [t.name for t in TASKS] + [MULTI]
+    """Every task id (single-skill and long-horizon) plus ``multi``."""
+    return [t.name for t in ALL_TASKS] + [MULTI]
+
+
+def on_pad(cube: np.ndarray, pad: np.ndarray) -> bool:
+    """A cube centre ``[3]`` rests on the pad: within :data:`PUSH_RADIUS` of its centre (xy), on the table."""
+    return bool(np.linalg.norm(cube[:2] - pad[:2]) <= PUSH_RADIUS and cube[2] <= RESTING_Z)
+
+
+def subtask(task: Task, s: TaskState) -> tuple[Task, int]:
+    """The sub-task of ``task`` being worked on in state ``s`` and its index.
+
+    A single-skill task is its own sub-task 0. ``sequence``: sub-task 0 is a
+    ``stack`` of ``cube`` onto a virtual base under the pad (index 3 of
+    :func:`with_pad_base`'s cubes) until ``cube`` rests on the pad, then
+    sub-task 1, ``stack`` of ``base`` on ``cube``.
+    """
+    if task.kind != "sequence":
+        return task, 0
+    if not on_pad(s.cubes[task.cube], s.pad):
+        return Task(f"{task.name}:place", "stack", task.cube, 3, task.instruction, task.max_episode_steps), 0
+    return Task(f"{task.name}:stack", "stack", task.base, task.cube, task.instruction, task.max_episode_steps), 1
+
+
+def with_pad_base(s: TaskState) -> TaskState:
+    """``s`` with a fourth, virtual cube whose top is the pad: stacking onto it places a cube on the pad."""
+    virtual = np.array([s.pad[0], s.pad[1], -CUBE_HALF])
+    return TaskState(pinch=s.pinch, cubes=np.vstack([s.cubes, virtual]), cube_speed=np.append(s.cube_speed, 0.0),
+                     pad=s.pad, grasped=np.append(s.grasped, False), touched=np.append(s.touched, False))
 
 
 @dataclass
@@ -163,6 +215,9 @@ def is_success(task: Task, s: TaskState) -> bool:
         return bool(lifted and np.linalg.norm(cube - s.pinch) <= HOLD_RADIUS)
     if task.kind == "push":
         return bool(np.linalg.norm(cube[:2] - s.pad[:2]) <= PUSH_RADIUS and cube[2] <= RESTING_Z)
+    if task.kind == "sequence":
+        second = Task(task.name, "stack", task.base, task.cube, task.instruction, task.max_episode_steps)
+        return on_pad(cube, s.pad) and is_success(second, s)
     base = s.cubes[task.base]
     dz = cube[2] - base[2]
     return bool(
@@ -176,6 +231,8 @@ def is_success(task: Task, s: TaskState) -> bool:
 
 def stage_flags(task: Task, s: TaskState) -> dict[str, bool]:
     """Which of the task's stages hold on state ``s`` (keys: ``task.stages``, in order)."""
+    if task.kind == "sequence":
+        return _sequence_flags(task, s)
     cube = s.cubes[task.cube]
     grasped = bool(s.grasped[task.cube])
     holds = {
@@ -194,6 +251,19 @@ def stage_flags(task: Task, s: TaskState) -> dict[str, bool]:
     return {name: bool(holds[name]) for name in task.stages}
 
 
+def _sequence_flags(task: Task, s: TaskState) -> dict[str, bool]:
+    placed = on_pad(s.cubes[task.cube], s.pad)
+    first = Task(task.name, "pick", task.cube, -1, task.instruction, task.max_episode_steps)
+    second = Task(task.name, "stack", task.base, task.cube, task.instruction, task.max_episode_steps)
+    flags = {k: placed or v for k, v in stage_flags(first, s).items()}
+    flags["place"] = placed
+    later = stage_flags(second, s)
+    stacked = placed and later["place"]
+    flags.update({"reach2": stacked or later["reach"], "grasp2": stacked or later["grasp"],
+                  "lift2": stacked or later["lift"], "stack": stacked})
+    return {name: bool(flags[name]) for name in task.stages}
+
+
 def stage_progress(task: Task, s: TaskState) -> int:
     """How many of the task's stages, from the first, hold on ``s`` (0 .. ``len(task.stages)``)."""
     n = 0
@@ -206,6 +276,10 @@ def stage_progress(task: Task, s: TaskState) -> int:
 
 def potentials(task: Task, s: TaskState) -> dict[str, float]:
     """The dense potentials ``phi`` (already scaled) of every term but ``success``."""
+    if task.kind == "sequence":
+        sub, k = subtask(task, s)
+        inner = potentials(sub, with_pad_base(s) if k == 0 else s)
+        return {name: (k * REWARD_SCALES[name] + v) / SEQUENCE_SUBTASKS for name, v in inner.items()}
     cube = s.cubes[task.cube]
     grasped = bool(s.grasped[task.cube]) and task.kind != "push"
     phi = {

@@ -99,7 +99,7 @@ def test_policy_drives_the_lerobot_robot_and_episode_is_recorded(tmp_path):
     frame = ds[len(ds) - 1]
     assert frame["observation.images.front"].shape == (3, 64, 64)
     np.testing.assert_allclose(frame["action"].numpy(), sent[len(steps) - 1], atol=1e-5)
-    assert frame["task"] == "move" and not bool(frame["is_intervention"])
+    assert frame["task"] == "move" and not bool(frame["intervention"]) and int(frame["intervention_label"]) == 0
 
 
 def test_dry_run_never_reaches_the_robot(tmp_path):
@@ -179,7 +179,9 @@ def test_takeover_executes_teleop_targets_and_marks_interventions(tmp_path):
             records.append(record)
             if record.step == 4:
                 teleop.set(target)
-                events.handle_key("t")  # human takes over
+                events.handle_key("t")  # human takes over: recovery
+            if record.step == 8:
+                events.handle_key("m")  # recovery -> correction
 
         def on_episode_end(self, summary) -> None: ...
 
@@ -187,6 +189,10 @@ def test_takeover_executes_teleop_targets_and_marks_interventions(tmp_path):
     arm.check_envelope()
     assert report.episodes[0].intervention_steps > 10
     assert [r.intervention for r in records[:5]] == [False] * 5 and records[-1].intervention
+    # RaC labels: policy until the takeover, recovery until marked, correction after
+    assert [r.label for r in records[:9]] == [0] * 5 + [1] * 4 and records[9].label == 2 and records[-1].label == 2
+    events.handle_key("h")
+    assert not events.takeover and int(events.label()) == 0
     np.testing.assert_allclose(arm.sent[-1], target, atol=1e-9)  # reached the teleop target in clamped steps
 
 

@@ -74,7 +74,7 @@ def _libero(env) -> backend.LiberoEnv:
 
 def test_env_ids_cover_every_suite_from_the_benchmark_table():
     ids = [e for e in list_envs() if e.startswith("libero/")]
-    assert len(ids) == 4 * 10 + 90
+    assert len(ids) == 4 * 10 + 90 + 5 + 2  # tasks, then the suite ids (sim.backends.libero_suite)
     assert {"libero/libero_spatial/0", "libero/libero_10/9", "libero/libero_90/89", TASK_ID} <= set(ids)
     names = backend.suite_task_names()
     assert set(names) == set(backend.SUITE_MAX_STEPS)

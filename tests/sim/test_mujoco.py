@@ -22,6 +22,7 @@ from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, list_envs, make_env
 from sim.mujoco_tasks.env import TabletopConfig, TabletopEnv
 from sim.mujoco_tasks.tasks import (
     CUBE_HALF,
+    LONG_TASKS,
     REWARD_SCALES,
     REWARD_TERMS,
     TASK_INDEX,
@@ -70,7 +71,8 @@ def test_task_family_is_listed_without_importing_mujoco():
     for wanted in ("mujoco/pick-red", "mujoco/pick-blue", "mujoco/push-blue-to-pad", "mujoco/stack-red-on-green"):
         assert wanted in ids
     skill_ids = ["mujoco/pick-any", "mujoco/push-any", "mujoco/stack-any"]
-    assert "mujoco/multi" in ids and all(i in ids for i in skill_ids) and len(ids) == len(TASKS) + 1 + len(skill_ids)
+    assert "mujoco/multi" in ids and all(i in ids for i in skill_ids)
+    assert len(ids) == len(TASKS) + len(LONG_TASKS) + 1 + len(skill_ids)
     code = (
         "import sys; from sim.backends.mujoco import MujocoBackend; "
         "assert MujocoBackend().tasks(); assert 'mujoco' not in sys.modules, 'listing imported mujoco'"

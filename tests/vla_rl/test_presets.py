@@ -19,8 +19,16 @@ TRAIN_PRESETS = {
     "libero_pi05_flowsde_ppo": ("pi05", "ppo"),
     "libero_openvla_ppo": ("openvla-style", "ppo"),
     "maniskill_ar_grpo": ("openvla-style", "grpo"),
+    "libero_spatial_pi0_flowsde_ppo": ("pi0", "ppo"),
+    "libero_standard_pi05_flownoise_ppo": ("pi05", "ppo"),
+    "libero_goal_openvla_ppo": ("openvla-style", "ppo"),
+    "maniskill_set_pi05_flowsde_ppo": ("pi05", "ppo"),
 }
-EPISODE_STEPS = {"maniskill/PickCube-v1": 50, "libero/libero_object/0": 280}  # the tasks' default limits
+EPISODE_STEPS = {"maniskill/PickCube-v1": 50, "libero/libero_object/0": 280,  # the tasks' default limits
+                 "libero/libero_spatial": 220, "libero/libero_standard": 520, "libero/libero_goal": 300,
+                 "maniskill/TabletopSet-v1": 100}
+SUITE_PRESETS = {"libero_spatial_pi0_flowsde_ppo", "libero_standard_pi05_flownoise_ppo", "libero_goal_openvla_ppo",
+                 "maniskill_set_pi05_flowsde_ppo"}  # multi-task: several tasks per batch, per-task report
 FAST = {"maniskill_compact_flownoise_ppo"}  # state mode, no rendering: about a minute
 
 
@@ -70,6 +78,11 @@ def _smoke_run(name: str, tmp_path: Path) -> dict:
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert any("update/loss" in r or "update/skipped" in r for r in rows), rows
     assert (tmp_path / name / "checkpoints" / "iter_000001").is_dir()
+    if name in SUITE_PRESETS:  # every task evaluated once under --smoke, and the report lists each
+        assert result["protocol"] == "per_task" and len(result["per_task"]) >= 7
+        report = (tmp_path / name / "report.md").read_text()
+        assert all(f"| {task} |" in report for task in result["per_task"])
+        assert any(k.startswith("task/") for r in rows for k in r)
     return result
 
 

@@ -42,6 +42,7 @@ import torch
 
 from policies.base import Policy
 from vla_core.registry import Registry
+from vla_rl.distributed import SINGLE, Distributed
 
 if TYPE_CHECKING:
     from sim.core import EnvSpec
@@ -185,6 +186,29 @@ class Learner(abc.ABC):
         self.cfg = cfg
         self.policy = policy
         self.iteration = 0
+        self.dist: Distributed = SINGLE
+        self._caller: Callable[..., Any] | None = None
+
+    def distribute(self, dist: Distributed) -> None:
+        """Train as one of ``dist``'s ranks: gradients of :meth:`call` are all-reduced (DDP / FSDP through
+        accelerate, :meth:`vla_rl.distributed.Distributed.wrap`). Call it once, after building the learner."""
+        self.dist = dist
+        self._caller = dist.wrap(self.policy, self.optimizers()) if dist.enabled else None
+
+    def call(self, method: str, *args: Any) -> Any:
+        """``self.policy.<method>(*args)`` for a forward whose gradients the update uses (``evaluate``,
+        ``sft_loss``): through the DDP / FSDP wrapper when :meth:`distribute` made one."""
+        if self._caller is None:
+            return getattr(self.policy, method)(*args)
+        return self._caller(method, *args)
+
+    def rank_state(self) -> dict[str, Any]:
+        """What differs between ranks besides the RNG states (a data sampler's generator); saved per rank in a
+        distributed run's checkpoint. Default: nothing."""
+        return {}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`rank_state`'s output (after :meth:`load_state_dict`)."""
 
     @abc.abstractmethod
     def collect(self, inputs: IterationInputs) -> Any:

@@ -29,6 +29,7 @@ from vla_rl.algorithms.base import Learner, LearnerConfig, SmokeLimits
 from vla_rl.algorithms.losses import entropy_bonus, kl_k3, ppo_policy_loss
 from vla_rl.config import ConfigError
 from vla_rl.rollout import Rollout
+from vla_rl.timing import StageTimes
 
 
 @dataclass
@@ -147,18 +148,31 @@ class PolicyGradientLearner(Learner):
 
     # -- the update
     def update(self, rollout: Rollout) -> dict[str, float]:
-        """Epochs of minibatch updates on ``rollout``; returns mean statistics."""
+        """Epochs of minibatch updates on ``rollout``; returns mean statistics.
+
+        Under several ranks (:meth:`distribute`) ``rollout`` is this rank's shard: advantages are normalized over
+        all ranks, every rank runs the same number of gradient steps of ``minibatch_size / world_size`` decisions
+        each, and DDP averages the gradients (:mod:`vla_rl.distributed`).
+        """
         cfg = self.cfg
-        adv, returns, mask = self.advantages(rollout)
+        dist = self.dist
+        timer = StageTimes()
+        with timer("advantages"):
+            adv, returns, mask = self.advantages(rollout)
         warmup = self.actor_frozen()
         flat = mask.flatten().nonzero().flatten()
         n = flat.numel()
+        total = int(dist.sum(torch.tensor(n)).item()) if dist.enabled else n
         stats: dict[str, list[float]] = {}
-        if n == 0:  # e.g. dynamic sampling dropped every group
+        if total == 0:  # e.g. dynamic sampling dropped every group
             self.iteration += 1
-            return {"update/skipped": 1.0}
+            return {"update/skipped": 1.0, **timer.take("time/update_")}
+        weight = 1.0
+        if n == 0:  # another rank has decisions: take part in its all-reduces with a zero-weight loss
+            flat, weight = torch.arange(mask.numel()), 0.0
+            mask = torch.ones_like(mask)
         if cfg.normalize_advantages:
-            adv = normalize_advantages(adv, mask)
+            adv = dist.normalize_advantages(adv, mask) if dist.enabled else normalize_advantages(adv, mask)
         self.policy.train()
         old_logp = rollout.logp.flatten(0, 1)
         old_values = rollout.values.flatten()
@@ -167,36 +181,18 @@ class PolicyGradientLearner(Learner):
         mb = min(cfg.minibatch_size, n)
         stop = False
         for _ in range(cfg.epochs):
-            perm = flat[torch.randperm(n)]
-            batches = [perm[i : i + mb] for i in range(0, n, mb)]
+            if dist.enabled:
+                batches = list(dist.minibatches(flat, total, cfg.minibatch_size))
+            else:
+                perm = flat[torch.randperm(n)]
+                batches = [perm[i : i + mb] for i in range(0, n, mb)]
             for j, idx in enumerate(batches):
-                obs = rollout.flat_obs(idx)
-                logp, entropy, value = self.policy.evaluate(obs, {k: v[idx] for k, v in extras.items()})
-                loss = torch.zeros(())
-                if not warmup:
-                    pl, ps = ppo_policy_loss(logp, old_logp[idx], adv_f[idx], cfg.clip_low, cfg.clip_high, cfg.dual_clip or None)
-                    loss = loss + pl + entropy_bonus(entropy, cfg.ent_coef)
-                    _add(stats, ps)
-                    _add(stats, {"entropy": entropy.mean()})
-                    if self.reference is not None:
-                        with torch.no_grad():
-                            ref_logp, _, _ = self.reference.evaluate(obs, {k: v[idx] for k, v in extras.items()})
-                        kl = kl_k3(logp, ref_logp)
-                        loss = loss + cfg.kl_coef * kl
-                        _add(stats, {"kl_ref": kl})
-                critic = self.value_loss(value, old_values[idx], ret_f[idx])
-                if critic is not None:
-                    vl, vs = critic
-                    _add(stats, vs)
-                    weighted = self.value_coef() * vl
-                    if self.value_to_actor() and not warmup:
-                        loss = loss + weighted
-                    else:  # the value loss reaches only the critic's own parameters
-                        self._accumulate(weighted / cfg.grad_accum_steps, retain=loss.requires_grad)
-                    loss = loss + weighted.detach()
-                if loss.requires_grad:
-                    (loss / cfg.grad_accum_steps).backward()
-                if (j + 1) % cfg.grad_accum_steps == 0 or j == len(batches) - 1:
+                step_now = (j + 1) % cfg.grad_accum_steps == 0 or j == len(batches) - 1
+                with dist.no_sync(self._caller, step_now):
+                    loss = self._minibatch_loss(rollout, idx, extras, old_logp, old_values, adv_f, ret_f, warmup,
+                                                weight, stats, timer)
+                timer.start("optimizer")
+                if step_now:
                     for group in self.optimizer.param_groups:
                         if warmup and group["name"] == "actor":  # actor frozen: drop its gradients
                             for p in group["params"]:
@@ -206,8 +202,9 @@ class PolicyGradientLearner(Learner):
                         _add(stats, {f"grad_norm_{group['name']}": norm})
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
+                timer.stop("optimizer")
                 _add(stats, {"loss": loss.detach()})
-                if cfg.target_kl and not warmup and stats.get("approx_kl", [0])[-1] > cfg.target_kl:
+                if cfg.target_kl and not warmup and dist.any(stats.get("approx_kl", [0])[-1] > cfg.target_kl):
                     stop = True
                     break
             if stop:
@@ -215,8 +212,51 @@ class PolicyGradientLearner(Learner):
         self.iteration += 1
         out = {f"update/{k}": sum(v) / len(v) for k, v in stats.items()}
         out["update/critic_warmup"] = float(warmup)
-        out["update/decisions"] = float(n)
+        out["update/decisions"] = float(total)
+        out.update(timer.take("time/update_"))  # seconds by stage (vla_rl.timing)
         return out
+
+    def _minibatch_loss(self, rollout: Rollout, idx: Tensor, extras: dict[str, Tensor], old_logp: Tensor,
+                        old_values: Tensor, adv_f: Tensor, ret_f: Tensor, warmup: bool, weight: float,
+                        stats: dict[str, list[float]], timer: StageTimes) -> Tensor:
+        """Forward and backward of one minibatch ``idx`` (gradients added to ``.grad``); returns the loss.
+
+        ``weight`` scales what is backpropagated (0 on a rank without decisions, 1 otherwise).
+        """
+        cfg = self.cfg
+        timer.start("forward")
+        obs = rollout.flat_obs(idx)
+        outputs = self.call("evaluate", obs, {k: v[idx] for k, v in extras.items()})
+        logp, entropy, value = outputs
+        loss = torch.zeros(())
+        if not warmup:
+            pl, ps = ppo_policy_loss(logp, old_logp[idx], adv_f[idx], cfg.clip_low, cfg.clip_high, cfg.dual_clip or None)
+            loss = loss + pl + entropy_bonus(entropy, cfg.ent_coef)
+            _add(stats, ps)
+            _add(stats, {"entropy": entropy.mean()})
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logp, _, _ = self.reference.evaluate(obs, {k: v[idx] for k, v in extras.items()})
+                kl = kl_k3(logp, ref_logp)
+                loss = loss + cfg.kl_coef * kl
+                _add(stats, {"kl_ref": kl})
+        critic = self.value_loss(value, old_values[idx], ret_f[idx])
+        timer.stop("forward")
+        with timer("backward"):
+            if critic is not None:
+                vl, vs = critic
+                _add(stats, vs)
+                weighted = self.value_coef() * vl
+                if self.value_to_actor() and not warmup:
+                    loss = loss + weighted
+                else:  # the value loss reaches only the critic's own parameters
+                    scaled = weighted * weight if self.dist.enabled else weighted
+                    self._accumulate(scaled / cfg.grad_accum_steps, retain=loss.requires_grad or self.dist.enabled)
+                loss = loss + weighted.detach()
+            backward = self.dist.touch(loss * weight if self.dist.enabled else loss, outputs)
+            if backward.requires_grad:
+                (backward / cfg.grad_accum_steps).backward()
+        return loss
 
     def _accumulate(self, loss: Tensor, retain: bool) -> None:
         """Add ``d loss / d critic parameters`` to their ``.grad`` (and nothing to the actor's)."""

@@ -59,6 +59,7 @@ class SFTLearner(Learner):
         super().__init__(cfg, policy)
         self.updater: SFTUpdater | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._pending_rank_state: dict[str, Any] | None = None
 
     def _start(self, data: Any) -> SFTUpdater:
         """Fit the normalization on the data (first run only) and build the updater (after it, as pretrain does)."""
@@ -68,6 +69,10 @@ class SFTLearner(Learner):
         if self._pending_state is not None:
             updater.load_state_dict(self._pending_state)
             self._pending_state = None
+        if self._pending_rank_state is not None:  # this rank's own minibatch stream (rank 0's came with the state)
+            updater.generator.set_state(self._pending_rank_state["generator"])
+            self._pending_rank_state = None
+        updater.call = self.call
         return updater
 
     def collect(self, inputs: IterationInputs) -> list[ChunkBatch]:
@@ -77,6 +82,8 @@ class SFTLearner(Learner):
             self.updater = self._start(inputs.data)
         gen = self.updater.generator
         bs = min(self.cfg.batch_size, len(inputs.data))
+        if self.dist.enabled:  # batch_size is per gradient step over all ranks
+            bs = self.dist.shard(bs, "algo.batch_size")
         return [inputs.data.sample(bs, gen) for _ in range(self.cfg.steps_per_iter)]
 
     def update(self, batches: list[ChunkBatch]) -> dict[str, float]:
@@ -97,3 +104,11 @@ class SFTLearner(Learner):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration = state["iteration"]
         self._pending_state = state.get("sft")
+
+    def rank_state(self) -> dict[str, Any]:
+        """The minibatch / augmentation generator: each rank samples its own rows."""
+        return {"generator": self.updater.generator.get_state()} if self.updater is not None else {}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        if state.get("generator") is not None:
+            self._pending_rank_state = state

@@ -34,6 +34,7 @@ from vla_rl.data import collect_demos
 from vla_rl.evaluation import evaluate_policy
 from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
+from vla_rl.threads import ThreadsConfig
 from vla_rl.policy_factory import build_policy
 from vla_rl.sft import SFTConfig, pretrain_on_dataset, save_sft_policy
 from vla_rl.train_config import (
@@ -86,6 +87,8 @@ class QuickstartConfig:
     algo: LearnerConfig = field(default_factory=_quickstart_algo)
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=700, episodes=50))
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig)
+    """Torch threads of the RL stage per part (``--threads.update``, ``--threads.rollout``; see docs/training.md)."""
     demos: int = 50
     """Expert demos collected (cached); ``sft.episodes`` of them are used for pre-training."""
     demo_noise: float = -1.0
@@ -249,7 +252,7 @@ def _train_config(cfg: QuickstartConfig, run_dir: Path, policy_path: str) -> Tra
     """The RL stage's config (``policy_path`` empty: a fresh policy, for pre-training)."""
     return TrainConfig(
         env=cfg.env, policy=dataclasses.replace(cfg.policy, path=policy_path), algo=cfg.algo, logging=cfg.logging,
-        iterations=cfg.iterations, seed=cfg.seed, run_dir=str(run_dir), reset_every_iteration=False,
+        iterations=cfg.iterations, seed=cfg.seed, run_dir=str(run_dir), reset_every_iteration=False, threads=cfg.threads,
         resume=cfg.resume or (run_dir / "checkpoints").exists(),
         eval=EvalConfig(episodes=cfg.eval_episodes, every=cfg.eval_every,
                         video=True),

@@ -3,7 +3,8 @@
 Row ``i`` is one frame: its observation, the action chunk ``actions[i : i + H]``
 of its episode (padded with the episode's last action and masked past the
 episode's end), and, where the dataset recorded them, the frame's
-``is_intervention`` flag, ``next.reward``, ``next.success`` and episode index.
+``intervention`` flag, step label (policy / recovery / correction), ``next.reward``, ``next.success`` and
+episode index.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class ChunkBatch:
     mask: Tensor
     """bool ``[B, H]``: True where the chunk step lies inside the row's episode."""
     intervention: Tensor | None = None
-    """bool ``[B]``: the row's action came from a human intervention (LeRobot's ``is_intervention``)."""
+    """bool ``[B]``: the row's action came from a human intervention (LeRobot's ``intervention``)."""
     reward: Tensor | None = None
     """float32 ``[B]``: the row's ``next.reward``."""
     success: Tensor | None = None
@@ -38,6 +39,9 @@ class ChunkBatch:
     """int64 ``[B]``: the row's episode in its dataset."""
     source: Tensor | None = None
     """int64 ``[B]``: which source of a :class:`~vla_rl.data.mix.MixedSource` the row came from."""
+    label: Tensor | None = None
+    """int64 ``[B]``: the row's step label (:class:`vla_core.labels.Label`: 0 policy, 1 recovery,
+    2 correction; -1 a demo frame, mixed in from a source without labels)."""
 
     def __len__(self) -> int:
         return self.actions.shape[0]
@@ -56,13 +60,15 @@ class ChunkDataset:
     episodes: int
     """Episodes the frames come from."""
     intervention: Tensor | None = None
-    """bool ``[N]``, from the dataset's ``is_intervention`` feature."""
+    """bool ``[N]``, from the dataset's ``intervention`` (or ``is_intervention``) feature."""
     reward: Tensor | None = None
     """float32 ``[N]``, from ``next.reward``."""
     success: Tensor | None = None
     """bool ``[N]``, from ``next.success``."""
     episode_index: Tensor | None = None
     """int64 ``[N]``: each frame's episode index in the dataset."""
+    label: Tensor | None = None
+    """int64 ``[N]`` step labels (see :class:`ChunkBatch`), None for plain demos."""
 
     def __len__(self) -> int:
         return self.actions.shape[0]
@@ -78,7 +84,8 @@ class ChunkDataset:
         pick = (lambda t: None if t is None else t[idx])  # noqa: E731
         return ChunkBatch(obs=obs, actions=self.actions[idx], mask=self.mask[idx],
                           intervention=pick(self.intervention), reward=pick(self.reward),
-                          success=pick(self.success), episode_index=pick(self.episode_index))
+                          success=pick(self.success), episode_index=pick(self.episode_index),
+                          label=pick(self.label))
 
     def sample(self, batch_size: int, generator: torch.Generator) -> ChunkBatch:
         """``batch_size`` rows drawn uniformly with replacement (one ``torch.randint`` on ``generator``)."""
@@ -101,6 +108,7 @@ def make_chunks(
     intervention: Tensor | None = None,
     reward: Tensor | None = None,
     success: Tensor | None = None,
+    label: Tensor | None = None,
 ) -> ChunkDataset:
     """Chunk ``N`` frames stored episode after episode (each episode's frames contiguous, in time order).
 
@@ -109,7 +117,7 @@ def make_chunks(
         actions: float ``[N, A]``, the action taken at each frame.
         episode_index: int ``[N]``, each frame's episode.
         horizon: H, the chunk length.
-        intervention, reward, success: optional ``[N]`` per-frame fields, kept as they are.
+        intervention, reward, success, label: optional ``[N]`` per-frame fields, kept as they are.
 
     Returns:
         A :class:`ChunkDataset` whose chunk ``i`` is ``actions[i : i + H]``, with steps past the end of
@@ -137,4 +145,4 @@ def make_chunks(
         last[rows] = rows.max()
     idx = torch.where(same, idx, last[:, None].expand(-1, horizon))
     return ChunkDataset(obs=obs, actions=acts[idx], mask=same, episodes=int(eps.unique().numel()),
-                        intervention=intervention, reward=reward, success=success, episode_index=eps)
+                        intervention=intervention, reward=reward, success=success, episode_index=eps, label=label)

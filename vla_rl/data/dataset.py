@@ -4,8 +4,9 @@ A dataset written by ``vla-rl collect`` or by LeRobot's own recording tools
 carries LeRobot's feature names; a policy reads ``observation.images.<cam>``
 for each of its cameras, ``observation.state``, ``task`` and predicts
 ``action``. :func:`load_chunks` reads exactly those features (plus
-``is_intervention``, ``next.reward`` and ``next.success`` when the dataset has
-them), checks their shapes against the policy's, and chunks the frames
+LeRobot's ``intervention`` flag (or its older name ``is_intervention``), our
+``intervention_label``, ``next.reward`` and ``next.success`` when the dataset
+has them), checks their shapes against the policy's, and chunks the frames
 (:func:`vla_rl.data.chunks.make_chunks`). :func:`dataset_spec` reads the
 policy-sizing fields from the dataset's ``meta/info.json`` alone, so a fresh
 policy can be built for a dataset without an env.
@@ -21,7 +22,18 @@ from typing import Any
 import torch
 
 from sim.core import EnvSpec, TensorSpec
-from vla_core.keys import ACTION, INTERVENTION, OBS_IMAGE_PREFIX, OBS_STATE, REWARD, SUCCESS, TASK, image_key
+from vla_core.keys import (
+    ACTION,
+    INTERVENTION,
+    INTERVENTION_LABEL,
+    LEGACY_INTERVENTION,
+    OBS_IMAGE_PREFIX,
+    OBS_STATE,
+    REWARD,
+    SUCCESS,
+    TASK,
+    image_key,
+)
 from vla_rl.config import ConfigError
 from vla_rl.data.chunks import ChunkDataset, make_chunks
 
@@ -57,7 +69,8 @@ class DatasetSpec:
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     """``(H, W)`` of each camera."""
     extras: tuple[str, ...] = ()
-    """Which of ``is_intervention``, ``next.reward``, ``next.success`` the dataset records."""
+    """Which of ``intervention`` / ``is_intervention``, ``intervention_label``, ``next.reward``, ``next.success``
+    the dataset records."""
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -156,7 +169,7 @@ def dataset_spec(root: str | Path) -> DatasetSpec:
         frames=int(info.get("total_frames") or 0), action_dim=_flat_dim(root, ACTION, feats[ACTION]),
         state_dim=_flat_dim(root, OBS_STATE, feats[OBS_STATE]) if OBS_STATE in feats else None,
         cameras=cams, image_sizes={c: _hw(image_key(c), feats[image_key(c)]) for c in cams},
-        extras=tuple(k for k in (INTERVENTION, REWARD, SUCCESS) if k in feats),
+        extras=tuple(k for k in (INTERVENTION, LEGACY_INTERVENTION, INTERVENTION_LABEL, REWARD, SUCCESS) if k in feats),
     )
 
 
@@ -187,18 +200,22 @@ def check_inputs(spec: DatasetSpec, inputs: PolicyInputs) -> None:
             raise mismatch(image_key(cam), (*spec.image_sizes[cam], 3), (*inputs.image_size, 3))
 
 
-def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: int = 0) -> ChunkDataset:
+def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: int = 0,
+                split_rule: str = "correction", recovery_steps: int = 5) -> ChunkDataset:
     """Read the frames of the LeRobotDataset at ``root`` that ``inputs`` needs into a :class:`ChunkDataset`.
 
     Reads the cameras the policy reads (as uint8 ``[N, H, W, 3]``), ``observation.state``, ``task``,
-    ``action``, and ``is_intervention`` / ``next.reward`` / ``next.success`` when recorded; any other
-    feature is ignored.
+    ``action``, and ``intervention`` (or ``is_intervention``) / ``intervention_label`` / ``next.reward`` /
+    ``next.success`` when recorded; any other feature is ignored. Step labels (``label``): the dataset's
+    ``intervention_label`` when it has one; else, with an intervention flag, policy steps and takeovers split
+    by ``split_rule`` (:func:`vla_rl.intervention.labels.labels_from_flags`); else None (plain demos).
 
     Args:
         root: the dataset folder.
         inputs: what the policy reads (:func:`policy_inputs`); checked first (:func:`check_inputs`).
         horizon: H, the policy's chunk size.
         episodes: use only episodes ``0 .. episodes - 1``; 0 = every frame of the dataset.
+        split_rule, recovery_steps: how unlabelled intervention steps become labels.
 
     Raises:
         DatasetError: for a folder that is no LeRobotDataset, a missing feature or a shape mismatch (naming
@@ -213,11 +230,14 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
     keep = episodes or spec.episodes
     images = {image_key(c) for c in inputs.cameras}
     read = images | {OBS_STATE, TASK, ACTION, *spec.extras}
-    ds = load_dataset(root)
+    try:
+        ds = load_dataset(root)
+        items = (ds[i] for i in range(len(ds)))
+    except Exception as exc:  # noqa: BLE001  (pyarrow / datasets errors on a damaged file: name the folder)
+        raise _read_error(spec.root, exc) from None
     frames: dict[str, list] = {}
     ep_of: list[int] = []
-    for i in range(len(ds)):
-        item = ds[i]
+    for item in _checked(items, spec.root):
         ep = int(item["episode_index"])
         if episodes and ep >= keep:
             continue
@@ -236,6 +256,37 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
 
     skip = {ACTION, *spec.extras}
     obs: dict[str, Any] = {k: (v if k == TASK else torch.stack(v)) for k, v in frames.items() if k not in skip}
-    return make_chunks(obs, torch.stack(frames[ACTION]), torch.tensor(ep_of), horizon,
-                       intervention=column(INTERVENTION, torch.bool), reward=column(REWARD, torch.float32),
-                       success=column(SUCCESS, torch.bool))
+    eps = torch.tensor(ep_of)
+    flags = column(INTERVENTION, torch.bool)
+    if flags is None:
+        flags = column(LEGACY_INTERVENTION, torch.bool)
+    labels = column(INTERVENTION_LABEL, torch.long)
+    if labels is None and flags is not None:
+        from vla_rl.intervention.labels import labels_from_flags
+
+        z = obs[OBS_STATE][:, 2] if split_rule == "retreat" and OBS_STATE in obs else None
+        labels = labels_from_flags(flags, eps, split_rule, recovery_steps, z)
+    if labels is not None and flags is None:
+        flags = labels > 0
+    return make_chunks(obs, torch.stack(frames[ACTION]), eps, horizon,
+                       intervention=flags, reward=column(REWARD, torch.float32),
+                       success=column(SUCCESS, torch.bool), label=labels)
+
+
+def _checked(items: Any, root: Path) -> Any:
+    """``items``, with an error while reading a frame (a truncated data file) raised as :class:`DatasetError`."""
+    it = iter(items)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001  (pyarrow / datasets errors on a damaged file: name the folder)
+            raise _read_error(root, exc) from None
+        yield item
+
+
+def _read_error(root: Path, exc: Exception) -> DatasetError:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return DatasetError(f"{root}: cannot read the dataset's frames ({type(exc).__name__}: {first}); "
+                        "is a file truncated?")

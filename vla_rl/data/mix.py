@@ -46,8 +46,8 @@ def split_rows(batch_size: int, weights: Sequence[float], generator: torch.Gener
 def concat_batches(parts: Sequence[ChunkBatch]) -> ChunkBatch:
     """Rows of ``parts`` one after the other, with ``source`` the index of the part each row came from.
 
-    ``intervention`` missing from a part counts as False (no human acted); ``reward``, ``success`` and
-    ``episode_index`` are kept only when every part has them.
+    ``intervention`` missing from a part counts as False (no human acted), ``label`` missing from a part as -1
+    (a demo frame); ``reward``, ``success`` and ``episode_index`` are kept only when every part has them.
 
     Raises:
         ValueError: when the parts' observation keys or chunk shapes ``[H, A]`` differ.
@@ -67,10 +67,14 @@ def concat_batches(parts: Sequence[ChunkBatch]) -> ChunkBatch:
             return None
         return torch.cat([v if v is not None else torch.zeros(len(p), dtype=torch.bool) for v, p in zip(vals, parts)])
 
+    labels = [p.label for p in parts]
+    label = None if all(v is None for v in labels) else torch.cat(
+        [v if v is not None else torch.full((len(p),), -1, dtype=torch.long) for v, p in zip(labels, parts)])
     source = torch.cat([torch.full((len(p),), i, dtype=torch.long) for i, p in enumerate(parts)])
     return ChunkBatch(obs=obs, actions=torch.cat([p.actions for p in parts]), mask=torch.cat([p.mask for p in parts]),
                       intervention=cat("intervention", True), reward=cat("reward", False),
-                      success=cat("success", False), episode_index=cat("episode_index", False), source=source)
+                      success=cat("success", False), episode_index=cat("episode_index", False), source=source,
+                      label=label)
 
 
 class MixedSource:

@@ -1,0 +1,300 @@
+"""RaC vs more demos vs DAgger-style corrections at equal operator steps, on ``mujoco/pick-place-stack``.
+
+    OMP_NUM_THREADS=1 python benchmarks/rac.py [--seeds 0 1 2] [--eval-episodes 400] [--budget 1200]
+        [--write docs/benchmarks.md]
+
+Per seed, from one pre-trained policy (compact flow policy on the 64x64 front camera + proprioception,
+pre-trained with ``vla_rl.sft.pretrain`` on ``--demos`` noisy scripted-expert episodes), three arms
+spend the same operator budget (``--budget`` env steps controlled by the operator) and the same number of
+gradient steps:
+
+- ``rac``: ``--rounds`` rounds of the RaC learner (``--algo.type rac``): the current policy runs with the
+  simulated operator (recovery, then correction; :mod:`vla_rl.intervention.operator`) until the round's share
+  of the budget is spent, then fine-tunes on the demos mixed 1:1 with every intervention segment so far
+  (policy steps masked);
+- ``dagger``: the same with ``operator.recover=False`` (corrections without recovery);
+- ``demos``: the budget spent on full scripted-expert episodes (as many whole episodes as fit), fine-tuned
+  the same way (the new demos in place of the intervention data).
+
+Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` held-out episodes
+(deterministic, seeds disjoint from everything else), with 95% Wilson intervals; and, for the test-time
+scaling plot, every arm's policy runs ``--scaling-episodes`` episodes alone while its own recovery
+manoeuvres are counted (:func:`vla_rl.intervention.operator.count_recoveries`): success against the number of
+recoveries per episode. Results: ``benchmarks/results/rac.json`` (per seed and arm: operator steps, success
+with interval, wall seconds) and ``benchmarks/results/rac_scaling.png``; ``--write`` replaces the section
+``## RaC`` of a markdown file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_report import write_section  # noqa: E402
+
+from policies.base import ActMode  # noqa: E402
+from sim import make_env  # noqa: E402
+from vla_rl.algorithms.base import IterationInputs  # noqa: E402
+from vla_rl.algorithms.rac import RaCLearner, RaCLearnerConfig  # noqa: E402
+from vla_rl.data import collect_demos, load_chunks, policy_inputs  # noqa: E402
+from vla_rl.evaluation import evaluate_policy, wilson_interval  # noqa: E402
+from vla_rl.intervention.operator import OperatorConfig  # noqa: E402
+from vla_rl.intervention.session import PassiveController, run_session, tabletop_progress  # noqa: E402
+from vla_rl.policy_factory import build_policy_from_fields, spec_fields  # noqa: E402
+from vla_rl.rollout import RolloutEngine  # noqa: E402
+from vla_rl.sft import SFTConfig, pretrain  # noqa: E402
+
+ENV_ID = "mujoco/pick-place-stack"
+SECTION = "## RaC: recovery and correction vs more demos vs DAgger"
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_SEED = 9_000_000  # held-out episodes: far from demo, round and scaling seeds
+POLICY = {"width": 64, "heads": 4, "chunk_size": 4, "prefix_layers": 1, "expert_layers": 2,
+          "text_encoder": "hashed", "text_buckets": 256, "value_hidden": 32, "noise_hidden": 32}
+ARMS = ("rac", "dagger", "demos")
+
+
+def build_policy(spec: Any) -> Any:
+    return build_policy_from_fields("compact-flow", dict(POLICY), spec_fields(spec))
+
+
+def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: Path, work: Path) -> dict[str, Any]:
+    """Spend the arm's operator budget and fine-tune ``policy`` in place; returns the arm's counts."""
+    t0 = time.perf_counter()
+    env = make_env(ENV_ID, num_envs=args.envs, seed=seed * 1000 + 500, obs_mode="rgb")
+    rounds = args.rounds if arm != "demos" else 1
+    steps = args.finetune_steps // rounds
+    cfg = RaCLearnerConfig(
+        steps=args.finetune_steps, steps_per_iter=steps, batch_size=args.batch, lr=args.lr, demos=str(demos),
+        demo_ratio=0.5, episodes_per_round=0 if arm == "demos" else 100_000, iters_per_round=1,
+        round_operator_steps=math.ceil(args.budget / rounds), rounds_dir=str(work / arm / "rounds"),
+        operator=OperatorConfig(recover=arm == "rac", reaction_delay=args.reaction_delay,
+                                action_noise=args.operator_noise),
+    )
+    data = None
+    operator_steps: dict[str, int] = {"recovery": 0, "correction": 0}
+    if arm == "demos":
+        mean_len = args.demo_frames / args.demos
+        episodes = max(1, int(args.budget // mean_len))
+        extra = work / arm / "extra-demos"
+        got = collect_demos(env, extra, episodes, "local/rac-bench-extra", seed=seed + 77)
+        while got["frames"] > args.budget and episodes > 1:  # whole episodes, never over the budget
+            episodes -= 1
+            import shutil
+
+            shutil.rmtree(extra)
+            got = collect_demos(env, extra, episodes, "local/rac-bench-extra", seed=seed + 77)
+        operator_steps["correction"] = got["frames"]
+        data = load_chunks(extra, policy_inputs(policy), policy.chunk_size)
+    learner = RaCLearner(cfg, policy)
+    engine = RolloutEngine(env, policy, 0)
+    for it in range(rounds):
+        batches = learner.collect(IterationInputs(iteration=it, seed_base=seed * 1000 + 100 * it, reset=True,
+                                                  engine=engine if arm != "demos" else None, data=data))
+        learner.update(batches)
+    env.close()
+    for r in learner.round_stats:
+        operator_steps["recovery"] += r["steps"]["recovery"]
+        operator_steps["correction"] += r["steps"]["correction"]
+    policy.eval()
+    return {"operator_steps": operator_steps["recovery"] + operator_steps["correction"],
+            "recovery_steps": operator_steps["recovery"], "correction_steps": operator_steps["correction"],
+            "takeover_episodes": sum(r["takeovers"] for r in learner.round_stats),
+            "finetune_wall_s": time.perf_counter() - t0}
+
+
+def evaluate(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    env = make_env(ENV_ID, num_envs=args.envs, seed=EVAL_SEED + seed, obs_mode="rgb")
+    res = evaluate_policy(env, policy, args.eval_episodes, EVAL_SEED + seed, desc="eval")
+    env.close()
+    out = {"episodes": res.episodes, "success": res.success_rate, "ci": [res.ci_low, res.ci_high],
+           "eval_wall_s": time.perf_counter() - t0}
+    if args.scaling_episodes:
+        env = make_env(ENV_ID, num_envs=args.envs, seed=EVAL_SEED // 2 + seed, obs_mode="rgb")
+
+        def act(obs: dict) -> torch.Tensor:
+            return policy.act(obs, ActMode.EVAL).actions
+
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            stats = run_session(env, act, [PassiveController() for _ in range(args.envs)], args.scaling_episodes,
+                                EVAL_SEED // 2 + seed, progress_of=tabletop_progress, progress=False)
+        env.close()
+        out["recoveries"] = list(zip(stats.recoveries, stats.outcomes))
+    return out
+
+
+def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    env = make_env(ENV_ID, num_envs=args.envs, seed=seed * 1000, obs_mode="rgb")
+    demos = work / "demos"
+    got = collect_demos(env, demos, args.demos, "local/rac-bench-demos", action_noise=0.1, seed=seed)
+    args.demo_frames = got["frames"]
+    data = load_chunks(demos, policy_inputs(build_policy(env.spec)), POLICY["chunk_size"])
+    base = build_policy(env.spec)
+    env.close()
+    pretrain(base, data, SFTConfig(steps=args.pretrain_steps, batch_size=args.batch, lr=args.lr),
+             seed=seed)
+    base.eval()
+    out: dict[str, Any] = {"seed": seed, "demo_frames": got["frames"], "pretrain_wall_s": time.perf_counter() - t0}
+    out["base"] = evaluate(base, args, seed)
+    print(f"seed {seed}: pre-trained success {out['base']['success']:.3f}", flush=True)
+    for arm in ARMS:
+        policy = copy.deepcopy(base)
+        policy.train()
+        torch.manual_seed(seed * 10 + ARMS.index(arm))
+        row = finetune(policy, arm, args, seed, demos, work)
+        row.update(evaluate(policy, args, seed))
+        row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
+        out[arm] = row
+        print(f"seed {seed} {arm}: operator steps {row['operator_steps']}, success {row['success']:.3f} "
+              f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]", flush=True)
+    return out
+
+
+def pooled(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    n = sum(r[arm]["episodes"] for r in results)
+    k = sum(round(r[arm]["success"] * r[arm]["episodes"]) for r in results)
+    lo, hi = wilson_interval(k, n)
+    return {"success": k / max(1, n), "ci": [lo, hi], "episodes": n,
+            "operator_steps": [r[arm].get("operator_steps", 0) for r in results]}
+
+
+def scaling(results: list[dict[str, Any]], arm: str) -> dict[int, list[int]]:
+    """Recoveries per episode -> [successes, episodes] (episodes pooled over seeds)."""
+    table: dict[int, list[int]] = {}
+    for r in results:
+        for rec, ok in r[arm].get("recoveries", []):
+            row = table.setdefault(min(int(rec), 3), [0, 0])
+            row[0] += int(ok)
+            row[1] += 1
+    return dict(sorted(table.items()))
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for arm in ("base", *ARMS):
+        table = scaling(results, arm)
+        if not table:
+            continue
+        xs = list(table)
+        ys = [table[x][0] / table[x][1] for x in xs]
+        ax.plot(xs, ys, marker="o", label=f"{arm} (n={sum(v[1] for v in table.values())})")
+    ax.set_xlabel("recovery manoeuvres by the policy per episode (3 = 3+)")
+    ax.set_ylabel("success rate")
+    ax.set_xticks(range(4))
+    ax.legend(fontsize=7)
+    ax.set_title("test-time scaling: success vs own recoveries", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def report(summary: dict[str, Any]) -> str:
+    a = summary["args"]
+    lines = [
+        f"`python benchmarks/rac.py {summary['command']}` ({summary['wall_s'] / 60:.1f} min, {summary['conditions']}).",
+        "",
+        f"Task `{ENV_ID}` (64x64 front camera + proprioception), compact flow policy pre-trained on {a['demos']} noisy expert demos "
+        f"for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
+        f"{a['finetune_steps']} gradient steps (batch {a['batch']}, demos mixed 1:1); RaC and DAgger in "
+        f"{a['rounds']} rounds. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
+        f"{a['operator_noise']}. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals.",
+        "",
+        "| arm | seed | operator steps (recovery / correction) | success [95% CI] | wall s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in summary["seeds"]:
+        b = r["base"]
+        lines.append(f"| pre-trained | {r['seed']} | 0 | {b['success']:.3f} [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] "
+                     f"| {r['pretrain_wall_s']:.0f} |")
+        for arm in ARMS:
+            x = r[arm]
+            lines.append(f"| {arm} | {r['seed']} | {x['operator_steps']} ({x['recovery_steps']} / "
+                         f"{x['correction_steps']}) | {x['success']:.3f} [{x['ci'][0]:.3f}, {x['ci'][1]:.3f}] | "
+                         f"{x['wall_s']:.0f} |")
+    lines += ["", "Pooled over seeds:", "", "| arm | success [95% CI] | episodes |", "|---|---|---|"]
+    for arm, p in summary["pooled"].items():
+        lines.append(f"| {arm} | {p['success']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] | {p['episodes']} |")
+    lines += ["", "Test-time scaling (success by the number of recovery manoeuvres the policy itself makes per "
+              "episode, its own episodes without an operator; `k: successes/episodes`):", ""]
+    for arm, table in summary["scaling"].items():
+        lines.append(f"- {arm}: " + ", ".join(f"{k}: {v[0]}/{v[1]}" for k, v in table.items()))
+    lines += ["", "![success vs recoveries](../benchmarks/results/rac_scaling.png)", "", summary["verdict"]]
+    return "\n".join(lines)
+
+
+def verdict(pool: dict[str, Any]) -> str:
+    rac, dem, dag = pool["rac"]["success"], pool["demos"]["success"], pool["dagger"]["success"]
+    better = rac > dem and rac > dag
+    sep = pool["rac"]["ci"][0] > max(pool["demos"]["ci"][1], pool["dagger"]["ci"][1])
+    return (f"Verdict: RaC {rac:.3f} vs demos {dem:.3f} vs DAgger-style {dag:.3f} at equal operator steps: "
+            + ("RaC highest" + (" with non-overlapping intervals." if sep else ", but the intervals overlap.")
+               if better else "RaC is not the highest in this run."))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--eval-episodes", type=int, default=400)
+    ap.add_argument("--scaling-episodes", type=int, default=200)
+    ap.add_argument("--demos", type=int, default=10)
+    ap.add_argument("--pretrain-steps", type=int, default=1500)
+    ap.add_argument("--budget", type=int, default=1200, help="operator-controlled env steps per arm")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--finetune-steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--envs", type=int, default=8)
+    ap.add_argument("--reaction-delay", type=int, default=2)
+    ap.add_argument("--operator-noise", type=float, default=0.05)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rac.json"))
+    ap.add_argument("--write", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rac-bench-") as tmp:
+        for seed in args.seeds:
+            work = Path(tmp) / f"s{seed}"
+            results.append(run_seed(seed, args, work))
+    pool = {arm: pooled(results, arm) for arm in ("base", *ARMS)}
+    summary = {
+        "command": " ".join(sys.argv[1:]), "args": vars(args), "seeds": results, "pooled": pool,
+        "scaling": {arm: scaling(results, arm) for arm in ("base", *ARMS)}, "verdict": verdict(pool),
+        "wall_s": time.perf_counter() - t0,
+        "conditions": f"{platform.machine()}, {torch.get_num_threads()} torch thread, shared 2-CPU machine: wall "
+                      "times are noisy",
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(summary, indent=2))
+    tmp_out.replace(out)
+    plot(results, out.parent / "rac_scaling.png")
+    print(summary["verdict"])
+    if args.write:
+        write_section(Path(args.write), SECTION, report(summary))
+
+
+if __name__ == "__main__":
+    main()

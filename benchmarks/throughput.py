@@ -1,0 +1,223 @@
+"""Training throughput of the quickstart's RL stage: where an iteration's time goes, against the limits.
+
+    OMP_NUM_THREADS=1 python benchmarks/throughput.py [--policy DIR] [--repeats 3] [--iterations 4] [--write docs/benchmarks.md]
+
+The quickstart's RL stage (``vla-rl quickstart`` defaults: ``mujoco/pick-any``, 32 envs on 2 worker processes,
+front + wrist cameras at 64x64, the compact flow policy with full-chain Flow-SDE, chunks of 4, PPO 6 decisions x 2
+epochs x minibatch 192) is built once per variant and timed, variants interleaved (ABAB...) so that all of them see
+the same load on a shared machine:
+
+- **env only**: the same envs executing the same number of chunks of random actions, no policy (the simulator limit);
+- **rollout**: ``RolloutEngine.collect`` with the policy acting (env steps / s);
+- **update**: the learner's update on that rollout;
+- **iteration**: rollout + update (env steps / s of the whole loop); the RL stage at the quickstart's 200 iterations
+  is estimated from it plus two 400-episode evaluations timed once.
+
+Variants are switches of the same code (the old path and the new one): ``--threads.update`` (torch threads while
+the env workers wait for the update; 1 = the previous behaviour) and ``--threads.rollout`` (threads while acting; the
+quickstart's collection is sequential, so acting and stepping never overlap). Medians over repeats; the ratios are
+what we track. Results: ``benchmarks/results/throughput.json`` and, with ``--write``, the section
+``## Training throughput`` of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_report import write_section  # noqa: E402
+
+SECTION = "## Training throughput"
+RESULTS = ROOT / "benchmarks" / "results" / "throughput.json"
+VARIANTS = {
+    "before (1 thread)": {"update_threads": 1, "rollout_threads": 1},
+    "update on 2 threads": {"update_threads": 2, "rollout_threads": 1},
+    "update + acting on 2 threads": {"update_threads": 2, "rollout_threads": 2},
+}
+
+
+@dataclass
+class Setup:
+    """One variant's env, policy, learner and rollout engine (the quickstart's RL stage)."""
+
+    env: Any
+    policy: Any
+    learner: Any
+    engine: Any
+    update_threads: int
+    rollout_threads: int
+
+
+def build(policy_path: str, update_threads: int, rollout_threads: int, seed: int) -> Setup:
+    from policies.io import checkpoint_cameras
+    from policies.loading import load_policy
+    from vla_rl.algorithms.base import ALGORITHMS
+    from vla_rl.commands.quickstart import QuickstartConfig, _train_config
+    from vla_rl.policy_factory import build_policy
+    from vla_rl.rollout import RolloutEngine
+    from vla_rl.trainer import seed_everything
+
+    cfg = _train_config(QuickstartConfig(), Path("/nonexistent"), policy_path=policy_path)
+    env_cfg = cfg.env
+    if policy_path:
+        env_cfg = env_cfg.with_policy_cameras(checkpoint_cameras(policy_path), policy_path)
+    seed_everything(seed)
+    env = env_cfg.make()
+    policy = load_policy(policy_path) if policy_path else build_policy(cfg.policy, env.spec)
+    learner = ALGORITHMS.get(cfg.algo.type).obj(cfg.algo, policy)
+    learner.iteration = 10**6  # past critic warmup: time the full actor + critic update
+    engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward)
+    engine.reset(seed=seed)
+    return Setup(env, policy, learner, engine, update_threads, rollout_threads)
+
+
+def iteration(s: Setup, decisions: int) -> dict[str, float]:
+    """One collect + update; seconds and env steps."""
+    from vla_rl.threads import torch_threads
+
+    s.policy.train()
+    t0 = time.perf_counter()
+    with torch_threads(s.rollout_threads):
+        rollout = s.engine.collect(decisions)
+    t1 = time.perf_counter()
+    with torch_threads(s.update_threads):
+        s.learner.update(rollout)
+    t2 = time.perf_counter()
+    return {"rollout_s": t1 - t0, "update_s": t2 - t1, "env_steps": rollout.env_steps,
+            **{k.removeprefix("time/").removesuffix("_s") + "_s": v for k, v in rollout.times.items()}}
+
+
+def env_only(s: Setup, decisions: int, exec_steps: int) -> dict[str, float]:
+    """The same number of chunks of uniform random actions in the action box, no policy."""
+    spec = s.env.spec.action
+    lo = spec.low if spec.low is not None else -1.0
+    hi = spec.high if spec.high is not None else 1.0
+    g = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    steps = 0
+    for _ in range(decisions):
+        acts = lo + (hi - lo) * torch.rand((s.env.num_envs, exec_steps, *spec.shape), generator=g)
+        s.env.step_chunk(acts)
+        steps += s.env.num_envs * exec_steps
+    return {"env_only_s": time.perf_counter() - t0, "env_steps": steps}
+
+
+def eval_seconds(s: Setup, episodes: int) -> float:
+    from vla_rl.evaluation import evaluate_policy
+
+    s.policy.eval()
+    t0 = time.perf_counter()
+    evaluate_policy(s.env, s.policy, episodes, 123, s.engine.exec_steps, progress=False)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", default="", help="a pre-trained policy folder (e.g. a quickstart's sft_policy); "
+                    "default: a fresh quickstart policy (its episodes never succeed, so they all run to the limit)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the variants")
+    ap.add_argument("--iterations", type=int, default=4, help="timed iterations per variant per round")
+    ap.add_argument("--eval_episodes", type=int, default=400, help="episodes of the one timed evaluation")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
+    ap.add_argument("--write", type=Path, default=None, help="markdown file whose throughput section to replace")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from vla_rl.commands.quickstart import QuickstartConfig
+
+    qs = QuickstartConfig()
+    decisions, iterations = qs.algo.decisions_per_iter, qs.iterations
+    names = [n.strip() for n in args.variants.split(",")]
+    setups = {n: build(args.policy, seed=0, **VARIANTS[n]) for n in names}
+    exec_steps = next(iter(setups.values())).engine.exec_steps
+    samples: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    env_samples: list[dict[str, float]] = []
+    started = time.time()
+    try:
+        for n in names:  # warm-up: worker start, first renders, allocator
+            iteration(setups[n], decisions)
+        for r in range(args.repeats):
+            for n in names:
+                for _ in range(args.iterations):
+                    samples[n].append(iteration(setups[n], decisions))
+                print(f"round {r + 1}/{args.repeats} {n}: "
+                      f"rollout {statistics.median(x['rollout_s'] for x in samples[n]):.2f} s, "
+                      f"update {statistics.median(x['update_s'] for x in samples[n]):.2f} s", flush=True)
+            env_samples.append(env_only(setups[names[0]], decisions, exec_steps))
+        eval_s = eval_seconds(setups[names[0]], args.eval_episodes)
+    finally:
+        for s in setups.values():
+            s.env.close()
+    env_steps = env_samples[0]["env_steps"]
+    env_sps = env_steps / statistics.median(x["env_only_s"] for x in env_samples)
+    rows = []
+    for n in names:
+        med = {k: statistics.median(x[k] for x in samples[n]) for k in samples[n][0]}
+        it_s = med["rollout_s"] + med["update_s"]
+        rows.append({
+            "variant": n, **VARIANTS[n], **{k: round(v, 4) for k, v in med.items()},
+            "rollout_steps_per_s": med["env_steps"] / med["rollout_s"],
+            "iteration_steps_per_s": med["env_steps"] / it_s,
+            "rollout_vs_env_only": med["env_steps"] / med["rollout_s"] / env_sps,
+            "update_vs_rollout": med["update_s"] / med["rollout_s"],
+            "rl_stage_estimate_s": iterations * it_s + 2 * eval_s,
+        })
+    base = rows[0]["rl_stage_estimate_s"]
+    for row in rows:
+        row["rl_stage_vs_first"] = row["rl_stage_estimate_s"] / base
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+                   f"load average {os.getloadavg()[0]:.1f} at the end",
+        "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
+        "policy": args.policy or "fresh quickstart policy",
+        "repeats": args.repeats, "iterations_per_repeat": args.iterations,
+        "env_only_steps_per_s": env_sps, "eval_seconds_400": eval_s if args.eval_episodes == 400 else None,
+        "eval_episodes": args.eval_episodes, "eval_seconds": eval_s, "rows": rows,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2))
+    md = render(result)
+    print(md)
+    if args.write:
+        write_section(args.write, SECTION, md)
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [
+        "`python benchmarks/throughput.py` (numbers in `benchmarks/results/throughput.json`): the quickstart's RL "
+        "stage (`mujoco/pick-any`, 32 envs on 2 workers, front + wrist camera 64x64, compact flow policy, full-chain "
+        "Flow-SDE, chunks of 4, PPO 6 decisions x 2 epochs x minibatch 192), each variant built once and timed "
+        f"interleaved, median of {r['repeats']} x {r['iterations_per_repeat']} iterations. {r['machine']}; policy: "
+        f"{r['policy']}. Env only: {r['env_only_steps_per_s']:.0f} env steps / s (random actions, same envs). "
+        f"One {r['eval_episodes']}-episode evaluation: {r['eval_seconds']:.0f} s. RL stage = 200 x (rollout + update) "
+        "+ 2 evaluations.",
+        "",
+        "| variant | rollout s | env s | act s | update s | rollout steps/s | x env only | update / rollout "
+        "| iteration steps/s | RL stage s (est.) | x first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        lines.append(
+            f"| {row['variant']} | {row['rollout_s']:.2f} | {row.get('rollout_env_s', 0):.2f} "
+            f"| {row.get('rollout_act_s', 0):.2f} | {row['update_s']:.2f} | {row['rollout_steps_per_s']:.0f} "
+            f"| {row['rollout_vs_env_only']:.2f} | {row['update_vs_rollout']:.2f} | {row['iteration_steps_per_s']:.0f} "
+            f"| {row['rl_stage_estimate_s']:.0f} | {row['rl_stage_vs_first']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

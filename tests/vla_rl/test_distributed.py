@@ -1,0 +1,137 @@
+"""Two processes on the CPU (gloo) train as one: DDP on two half-batches equals one process on the whole batch.
+
+The tolerance is 2e-6 absolute on every parameter after one update (Adam moves a weight by up to the
+learning rate, 3e-4 to 1e-3 here): the two runs add the same per-sample gradients in a different order (half-batch means,
+then the all-reduce average), which changes float32 sums in their last bits (and Adam's eps is raised, see ddp_equivalence.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vla_rl.config import ConfigError
+from vla_rl.distributed import SINGLE, Distributed, rank_seed
+from tests.vla_rl import ddp_equivalence
+
+ROOT = Path(__file__).resolve().parents[2]
+ATOL = 2e-6
+
+
+def _two_ranks(script_args: list[str], tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("WORLD_SIZE", None)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           *script_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow  # ~35 s each: two ranks import torch, build an env and a policy
+@pytest.mark.parametrize("kind", ["ppo", "sft"])
+def test_ddp_update_on_two_half_batches_equals_one_process_on_the_whole_batch(kind: str, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    whole = ddp_equivalence.update(kind)
+    learner, _ = ddp_equivalence.build(kind)
+    start = {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
+    out = tmp_path / "ddp.pt"
+    proc = _two_ranks([str(ROOT / "tests" / "vla_rl" / "ddp_equivalence.py"), kind, str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ddp = torch.load(out)
+    assert ddp.keys() == whole.keys()
+    moved = max(float((whole[k].float() - start[k].float()).abs().max()) for k in whole)
+    assert moved > 1e-4, "the update did not move the weights: the comparison would prove nothing"
+    worst = max(float((whole[k].float() - ddp[k].float()).abs().max()) for k in whole)
+    assert worst <= ATOL, f"DDP parameters differ from the one-process update by {worst:.3g} (> {ATOL})"
+
+
+def test_one_process_is_the_identity() -> None:
+    assert not SINGLE.enabled and SINGLE.is_main and SINGLE.world_size == 1
+    x = torch.arange(4.0)
+    assert SINGLE.sum(x) is x and SINGLE.gather_objects([1, 2]) == [1, 2]
+    assert SINGLE.merge_scalars({"a": 1.0}) == {"a": 1.0}
+    assert SINGLE.env_shard(8, 5) == (8, 5) and SINGLE.seed_base(100, 8) == 100
+    assert rank_seed(0, 0) != rank_seed(0, 1)
+
+
+def test_accelerate_cpu_launch_that_starts_one_process_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(ConfigError, match="--multi_gpu"):
+        Distributed.from_environment()
+
+
+def test_uneven_shard_names_the_field() -> None:
+    class Two(Distributed):
+        def __init__(self) -> None:
+            super().__init__()
+            self.world_size, self.rank = 2, 1
+
+    with pytest.raises(ConfigError, match="env.num_envs=3"):
+        Two().env_shard(3, 0)
+    assert Two().env_shard(4, 10) == (2, 12)
+
+
+LAUNCH = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29533", "-m", "vla_rl"]
+SMOKE = ["train", "--smoke", "true", "--env.id", "mujoco/pick-red", "--policy.type", "compact-flow", "--seed", "3"]
+
+
+@pytest.mark.slow  # ~1-2 min: two launches of two ranks each
+def test_accelerate_launch_two_ranks_smoke_run_survives_kill_9_of_the_launcher(tmp_path: Path) -> None:
+    import json
+    import signal
+    import time
+
+    import psutil
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "ACCELERATE_USE_CPU": "false"}
+    for var in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    cmd = [*LAUNCH, *SMOKE, "--run_dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = run_dir / "checkpoints" / "iter_000001"
+    deadline = time.monotonic() + 240
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.exists(), (proc.communicate()[0] or "")[-3000:] if proc.poll() is not None else "no checkpoint in time"
+    ranks = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)  # the launcher; its ranks must not outlive it
+    proc.wait()
+    gone, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive, f"ranks outlived the launcher: {[p.pid for p in alive]}"
+    logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    done_before_kill = sum(1 for r in logged if "update/loss" in r)
+
+    resumed = subprocess.run([*cmd, "--resume", "true"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    out = resumed.stdout + resumed.stderr
+    start = int(out.split("resuming ")[1].split(" at iteration ")[1].split()[0])
+    assert done_before_kill - start <= 1, f"resumed at {start} after {done_before_kill} logged iterations"
+    assert out.count("run folder:") == 1, "only rank 0 reports"
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*"))
+    assert ckpts[-1] == "iter_000002"
+    state = torch.load(run_dir / "checkpoints" / "iter_000002" / "trainer.pt", weights_only=True)
+    assert len(state["ranks"]) == 2 and state["iteration"] == 2
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert rows[-1]["step"] > 0 and "eval/success" in rows[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "one run folder, one set of logs"
+
+
+def test_fsdp_config_for_pi0_names_layer_classes_that_exist() -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / "fsdp_pi0.yaml"))
+    assert cfg.distributed_type == DistributedType.FSDP and cfg.fsdp_config["fsdp_version"] == 2
+    names = cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"].split(",")
+    from lerobot.policies.pi_gemma import _get_pi_gemma_decoder_layer_base
+    from transformers.models.siglip import modeling_siglip
+
+    existing = {_get_pi_gemma_decoder_layer_base().__name__, modeling_siglip.SiglipEncoderLayer.__name__}
+    assert set(names) == existing, f"{names} are not the layer classes of LeRobot's pi0 / pi0.5 ({existing})"
