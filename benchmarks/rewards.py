@@ -18,7 +18,7 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   reaches the sparse run's final success (target: <= 60% of the sparse run's steps).
 
 Run alone for numbers worth recording (``OMP_NUM_THREADS=1``); on a 2-core CPU machine the classifier part
-takes about 10 minutes per seed, each quickstart RL run 10-25 minutes.
+took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
 
     python benchmarks/rewards.py --parts classifier --seeds 0 1 2
     python benchmarks/rewards.py --parts ppo-classifier --seeds 0 1 2
