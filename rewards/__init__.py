@@ -7,7 +7,9 @@
 - :mod:`rewards.costs`: constraint costs (collision, table force, path length, steps, joint limits,
   jerk, keypoint clearance) computed from the env's privileged signals, registered as terms;
 - :mod:`rewards.compose`: :class:`~rewards.compose.RewardFunction`, a chunk's terms and weighted
-  reward (the one place weights are applied; the rollout engine calls it).
+  reward (the one place weights are applied; the rollout engine calls it);
+- :mod:`rewards.learned`: a success classifier and a process reward model trained on episodes, used as the
+  ``classifier`` and ``prm`` terms.
 """
 
 from rewards.compose import ChunkReward, RewardFunction, chunk_sum, weighted_step_reward

@@ -20,7 +20,7 @@ from torch import Tensor
 from rewards.config import RewardConfig
 from rewards.terms import RewardTerm, StepInput, env_terms, make_term
 from sim.chunk import first_episode_steps
-from sim.core import ChunkSteps, Obs
+from sim.core import TASK, ChunkSteps, Obs
 
 
 @dataclass
@@ -71,6 +71,22 @@ def chunk_sum(per_step: Tensor, live: Tensor) -> Tensor:
     return out
 
 
+def outcome_obs(steps: ChunkSteps, live: Tensor) -> Obs:
+    """The observation each env's chunk ended in: ``final_obs`` rows of the envs whose episode ended inside the
+    chunk, ``obs`` rows of the others (a new batch; tensors on the CPU). ``live [H, n]``: the steps of each
+    env's first episode (:func:`sim.chunk.first_episode_steps`)."""
+    ended = ((steps.terminated.cpu() | steps.truncated.cpu()) & live).any(0)
+    out: Obs = {}
+    for key, value in steps.obs.items():
+        final = steps.final_obs[key]
+        if key == TASK:
+            out[key] = [f if e else v for f, v, e in zip(final, value, ended.tolist())]
+        else:
+            mask = ended.reshape(-1, *([1] * (value.dim() - 1)))
+            out[key] = torch.where(mask, final.cpu(), value.cpu())
+    return out
+
+
 class RewardFunction:
     """The configured reward of one env (see module doc).
 
@@ -83,7 +99,8 @@ class RewardFunction:
         self.config = config
         self.env_id = env_id
         self.weights = config.weights()
-        self._terms: dict[str, RewardTerm] = {name: make_term(name) for name, _ in self.weights}
+        self._terms: dict[str, RewardTerm] = {name: make_term(name, getattr(config, name, None))
+                                              for name, _ in self.weights}
 
     def __call__(self, steps: ChunkSteps, actions: Tensor, obs: Obs) -> ChunkReward:
         """The rewards of one chunk.
@@ -102,11 +119,14 @@ class RewardFunction:
         values = env_terms(steps)
         horizon = live.shape[0]
         executed: Tensor | None = None
+        outcome: Obs = {}
+        last = live & ~torch.cat([live[1:], torch.zeros_like(live[:1])])  # [H, n]: each env's last live step
         for name, term in self._terms.items():
             if name in values:  # reported by the env: read straight from the chunk
                 continue
             if executed is None:  # [n, H, A]; held steps ran zero actions
                 executed = torch.where(live.T[:, :, None], actions[:, :horizon].float().cpu(), 0.0)
+                outcome = outcome_obs(steps, live)
             per_step = []
             for h in range(horizon):
                 step = StepInput(
@@ -114,6 +134,7 @@ class RewardFunction:
                     env_terms={k: v[h] for k, v in values.items()}, success=steps.success[h].cpu(),
                     terminated=steps.terminated[h].cpu(), truncated=steps.truncated[h].cpu(),
                     signals={k: v[h].float().cpu() for k, v in steps.signals.items()}, executed=executed,
+                    next_obs=outcome, last=last[h],
                 )
                 per_step.append(term(step).float().cpu().reshape(-1))
             values[name] = torch.stack(per_step)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rewards.learned.terms import ClassifierTermConfig, ProgressTermConfig
 from rewards.terms import ENV
 
 
@@ -26,8 +27,17 @@ class RewardConfig:
     """Term name -> weight. Names: ``env`` (the simulator's own reward in the backend's reward mode),
     ``success`` (1 on each step the env reports success), a backend breakdown term (MuJoCo tabletop:
     ``reach``, ``grasp``, ``lift``, ``place``) or a computed term (``action_magnitude``; a cost, so
-    weight it negatively). The default ``{env: 1.0}`` is each backend's own reward, what training
-    always used: the chunk rewards are then bit-identical to the env's summed step rewards."""
+    weight it negatively; ``classifier`` and ``prm``, learned models configured below). The default
+    ``{env: 1.0}`` is each backend's own reward, what training always used: the chunk rewards are then
+    bit-identical to the env's summed step rewards."""
+    classifier: ClassifierTermConfig = field(default_factory=ClassifierTermConfig)
+    """The ``classifier`` term (a learned success classifier; :mod:`rewards.learned.terms`)."""
+    prm: ProgressTermConfig = field(default_factory=ProgressTermConfig)
+    """The ``prm`` term (a learned process reward model; :mod:`rewards.learned.terms`)."""
+    save_terms_every: int = 1
+    """Write every this many iterations' reward terms (per decision and step, with values and episode ends;
+    no observations, a few kB) to ``<run>/reward_terms/``, so ``vla-rl reward reweigh`` can recompute the
+    advantages with other weights without new rollouts; 0 = never."""
 
     def __post_init__(self) -> None:
         if not self.terms:
@@ -37,6 +47,8 @@ class RewardConfig:
                 raise ValueError(f"reward.terms: term names must be non-empty strings, got {name!r}")
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise ValueError(f"reward.terms.{name}: the weight must be a finite number, got {weight!r}")
+        if self.save_terms_every < 0:
+            raise ValueError(f"reward.save_terms_every must be >= 0, got {self.save_terms_every}")
 
     def weights(self) -> list[tuple[str, float]]:
         """``[(term, weight)]`` in the configured order, weights as floats."""

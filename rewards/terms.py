@@ -26,11 +26,13 @@ shaping, :mod:`sim.mujoco_tasks.tasks`) and ``success``; gym-hil and gymnasium p
 none beyond ``env`` and ``success``.
 
 Computed terms (:data:`REWARDS`) are functions of the step (:class:`StepInput`: the decision
-observation, the executed action, the env's terms and flags); learned reward models and constraint
-costs plug in the same way. Registered here: ``env`` and ``success`` (read from the env) and
-``action_magnitude`` (an example of a computed term); the constraint costs of :mod:`rewards.costs`
-(collision, table force, path length, steps, joint limits, jerk, keypoint clearance) read the env's
-privileged signals (``StepInput.signals``). A name that is neither registered nor reported
+observation, the chunk's outcome observation, the executed action, the env's terms and flags); learned
+reward models and constraint costs plug in the same way. Registered here: ``env`` and ``success`` (read
+from the env) and ``action_magnitude`` (an example of a computed term); the constraint costs of
+:mod:`rewards.costs` (collision, table force, path length, steps, joint limits, jerk, keypoint clearance)
+read the env's privileged signals (``StepInput.signals``); :mod:`rewards.learned.terms` registers
+``classifier`` and ``prm`` (learned models, configured by their own section of
+:class:`rewards.config.RewardConfig`). A name that is neither registered nor reported
 by the env is an error naming the term, the env id and the terms it has (:class:`RewardTermError`).
 """
 
@@ -72,6 +74,11 @@ class StepInput:
             (:class:`sim.single.StepOut`; empty if the backend reports none). Constraint costs read them.
         executed: ``float32 [B, H, A]`` every action executed in this step's chunk (zeros on held
             steps), for terms over several steps (action jerk); None where the caller has no chunk.
+        next_obs: the observation each env's chunk ended in (batch of ``B``): the last observation of its
+            episode where the episode ended inside the chunk, else the observation after the chunk. Learned
+            terms judge it (:mod:`rewards.learned.terms`). None where the caller has none.
+        last: ``bool [B]``: this is the env's last step of its episode inside the chunk (the step it ended,
+            or the chunk's last step); where a term that judges ``next_obs`` pays. None with ``next_obs``.
     """
 
     env_id: str
@@ -84,6 +91,8 @@ class StepInput:
     truncated: Tensor
     signals: dict[str, Tensor] = field(default_factory=dict)
     executed: Tensor | None = None
+    next_obs: Obs | None = None
+    last: Tensor | None = None
 
 
 class RewardTerm(Protocol):
@@ -148,13 +157,20 @@ def action_magnitude() -> RewardTerm:
     return ActionMagnitude()
 
 
-def make_term(name: str) -> RewardTerm:
+def make_term(name: str, options: Any = None) -> RewardTerm:
     """The term called ``name``: a registered (computed) term, else the env's own term of that name.
 
-    An unregistered name is resolved against the env's terms when first evaluated, and raises
-    :class:`RewardTermError` there if the env does not report it.
+    A term registered with a config dataclass is built from ``options`` (the section of
+    :class:`rewards.config.RewardConfig` named like the term, e.g. ``reward.classifier``), or from that
+    dataclass's defaults when ``options`` is None. An unregistered name is resolved against the env's terms
+    when first evaluated, and raises :class:`RewardTermError` there if the env does not report it.
     """
-    return REWARDS.get(name).obj() if name in REWARDS else EnvTerm(name)
+    if name not in REWARDS:
+        return EnvTerm(name)
+    entry = REWARDS.get(name)
+    if entry.config is None:
+        return entry.obj()
+    return entry.obj(options if options is not None else entry.config())
 
 
 def env_step_terms(reward: Tensor, info: dict[str, Any]) -> dict[str, Tensor]:

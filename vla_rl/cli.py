@@ -37,7 +37,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 def _load_commands() -> None:
     # Importing a command module registers it.
-    from vla_rl.commands import align, collect, deploy, intervene, quickstart, rollout, sft, train  # noqa: F401
+    from vla_rl.commands import align, collect, deploy, intervene, quickstart, reward, rollout, sft, train  # noqa: F401
 
 
 def preset_path(name: str) -> Path:
@@ -162,6 +162,7 @@ def parse_config(config_class: type, args: Sequence[str], prog: str | None = Non
         raise SystemExit(2)
     base = _factory_defaults(config_class, preset or {}, args)
     layered = _merge(_merge(base, _checkpoint_sampler(base, preset or {}, args)), preset or {})
+    _replace_mappings(config_class, layered, preset or {}, args)
     with tempfile.TemporaryDirectory(prefix="vla-rl-config-") as tmp:
         merged = Path(tmp) / (Path(config_path).name if config_path else "defaults.yaml")
         merged.write_text(yaml.safe_dump(layered, sort_keys=False))
@@ -217,6 +218,43 @@ def _factory_defaults(config_class: type, preset: dict[str, Any], args: Sequence
         else:
             base[f.name] = _plain(draccus.encode(value))
     return base
+
+
+def _mapping_fields(config_class: type, prefix: str = "") -> list[str]:
+    """Dotted paths of the fields typed ``dict[...]`` (e.g. ``reward.terms``), in plain dataclass sections."""
+    import dataclasses
+
+    import draccus
+
+    out = []
+    hints = typing.get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
+        typ = hints.get(f.name)
+        if typing.get_origin(typ) is dict:
+            out.append(prefix + f.name)
+        elif isinstance(typ, type) and dataclasses.is_dataclass(typ) and not issubclass(typ, draccus.ChoiceRegistry):
+            out += _mapping_fields(typ, f"{prefix}{f.name}.")
+    return out
+
+
+def _replace_mappings(config_class: type, layered: dict[str, Any], preset: dict[str, Any], args: Sequence[str]) -> None:
+    """Make a mapping field given by the preset or the command line replace the default instead of merging into it.
+
+    ``--reward.terms '{success: 1.0}'`` means exactly that reward, not ``{env: 1.0, success: 1.0}`` (the layers
+    above merge sections key by key, and draccus merges a mapping from the command line into the file's).
+    """
+    for path in _mapping_fields(config_class):
+        *parents, name = path.split(".")
+        section, given = layered, preset
+        for key in parents:
+            section = section.get(key) if isinstance(section, dict) else None
+            given = given.get(key) if isinstance(given, dict) else None
+        if not isinstance(section, dict):
+            continue
+        if isinstance(given, dict) and name in given:
+            section[name] = given[name]
+        if _cli_value(args, f"--{path}") is not None:
+            section.pop(name, None)  # the command line's mapping alone
 
 
 def _checkpoint_sampler(base: dict[str, Any], preset: dict[str, Any], args: Sequence[str]) -> dict[str, Any]:
@@ -314,7 +352,7 @@ def run(argv: Sequence[str] | None = None) -> object:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     argv = [a for a in argv if a != DEBUG_FLAG]
-    from vla_rl.commands import COMMANDS
+    from vla_rl.commands import COMMANDS, GROUPS
 
     _load_commands()
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -326,6 +364,12 @@ def run(argv: Sequence[str] | None = None) -> object:
         raise SystemExit(2)
     entry = COMMANDS.get(name)
     bad_input = _bad_input_errors()
+    group = GROUPS.get(name)
+    if group is not None and rest and rest[0] not in ("-h", "--help", "help"):  # vla-rl <group> <subcommand> ...
+        if rest[0] not in group:
+            print(f"vla-rl {name}: {group.unknown_message(rest[0])}", file=sys.stderr)
+            raise SystemExit(2)
+        entry, name, rest = group.get(rest[0]), f"{name} {rest[0]}", rest[1:]
     # A command registered without a config parses its own arguments.
     try:
         cfg = rest if entry.config is None else parse_config(entry.config, rest, prog=f"vla-rl {name}")

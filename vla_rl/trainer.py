@@ -35,6 +35,7 @@ from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
 from vla_rl.distributed import SINGLE, Distributed, rank_seed
 from vla_rl.evaluation import EvalResult, EvalShard, evaluate_policy
 from vla_rl.policy_factory import build_policy
+from vla_rl.reweigh import TRACE_DIR, save_reward_trace
 from vla_rl.rollout import EpisodeRecord, Rollout, RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
 from vla_rl.threads import torch_threads
@@ -281,6 +282,10 @@ class Trainer:
             scalars["time/iteration_s"] = time.perf_counter() - t0 + scalars["time/log_s"] + scalars["time/checkpoint_s"]
             with after_row("log"):
                 logger.log(step, scalars)
+            every = cfg.reward.save_terms_every
+            if isinstance(batch, Rollout) and every and done_iter % every == 0 and dist.is_main:  # reward reweigh
+                save_reward_trace(batch, self.run_dir / TRACE_DIR / f"iter_{done_iter:06d}.pt",
+                                  self._config_dict()["algo"], cfg.reward.weights())
             shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
             bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
                             eval=f"{last.success_rate:.2f}" if last else "-", time=time_summary(scalars))

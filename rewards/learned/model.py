@@ -1,0 +1,188 @@
+"""A small learned reward model on the policy's own inputs: camera images (+ proprioceptive state) -> ``[0, 1]``.
+
+One network serves both learned rewards of :mod:`rewards.learned`:
+
+- ``kind="classifier"``: ``P(success | observation)``, trained on 0/1 frame labels (the success classifier that
+  makes RL possible where no success predicate exists, as LeRobot's human-in-the-loop RL does);
+- ``kind="progress"``: task progress in ``[0, 1]`` (the process reward model), trained on milestone fractions.
+
+Architecture: per camera a 3-layer strided CNN (shared across cameras), average-pooled to a 4x4 grid so where
+things are in the image survives, flattened, concatenated with a normalized state MLP embedding, then an MLP to
+one logit; ``sigmoid(logit)`` is the output. Small on purpose (tens of thousands of parameters): it trains in a
+minute on a CPU from a few hundred episodes.
+
+Checkpoints use the policies' folder format (:func:`policies.io.write_checkpoint`: ``config.json`` +
+``model.safetensors`` + ``manifest.json``, written to a temporary folder and renamed), with ``"type":
+"reward_model"``. ``config.json`` records the observation keys and shapes the model reads
+(:attr:`RewardModelConfig.inputs`); :meth:`RewardModel.check_inputs` compares them with an env's observation
+spec and :meth:`RewardModel.predict` with each batch, raising :class:`RewardInputError` naming the key and both
+shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from policies.io import CheckpointError, ObservationError, read_checkpoint, verify_policy_folder, write_checkpoint
+from vla_core.keys import OBS_IMAGE_PREFIX, OBS_STATE
+
+REWARD_MODEL_TYPE = "reward_model"
+"""``config.json["type"]`` of a reward model folder."""
+KINDS = ("classifier", "progress")
+
+
+class RewardInputError(ObservationError):
+    """An observation (or env spec) that lacks a key the reward model reads, or has it in another shape."""
+
+
+@dataclass
+class RewardModelConfig:
+    """What a reward model reads and how big it is (saved as its ``config.json``)."""
+
+    kind: str = "classifier"
+    """``classifier`` (P(success)) or ``progress`` (task progress in [0, 1], the process reward model)."""
+    inputs: dict[str, list[int]] = field(default_factory=dict)
+    """Observation key -> per-env shape it reads: ``observation.images.<cam>`` ``[H, W, 3]`` (uint8) and
+    optionally ``observation.state`` ``[S]``."""
+    width: int = 32
+    """Channels of the CNN and width of the MLPs."""
+    state_mean: list[float] = field(default_factory=list)
+    """Per-dimension mean of ``observation.state`` in the training data (inputs are standardized)."""
+    state_std: list[float] = field(default_factory=list)
+    """Per-dimension std of ``observation.state`` in the training data."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Held-out metrics written at training time (precision, recall, accuracy, ...), for the record."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"reward model kind must be one of {KINDS}, got {self.kind!r}")
+
+    @property
+    def image_keys(self) -> list[str]:
+        return [k for k in self.inputs if k.startswith(OBS_IMAGE_PREFIX)]
+
+    @property
+    def state_dim(self) -> int:
+        return int(self.inputs[OBS_STATE][0]) if OBS_STATE in self.inputs else 0
+
+
+class RewardModel(nn.Module):
+    """``forward(obs) -> logits [B]``; :meth:`predict` gives ``sigmoid`` in ``[0, 1]`` (see module doc).
+
+    Raises:
+        ValueError: for a config that reads no observation key.
+    """
+
+    def __init__(self, config: RewardModelConfig) -> None:
+        super().__init__()
+        if not config.inputs:
+            raise ValueError("a reward model must read at least one observation key (config.inputs is empty)")
+        self.config = config
+        w = config.width
+        self.image_keys = config.image_keys
+        self.encoder = nn.Sequential(
+            nn.Conv2d(3, w, 5, stride=2, padding=2), nn.ReLU(),
+            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+        ) if self.image_keys else None
+        s = config.state_dim
+        self.state_net = nn.Sequential(nn.Linear(s, w), nn.ReLU()) if s else None
+        mean = torch.tensor(config.state_mean or [0.0] * s, dtype=torch.float32)
+        std = torch.tensor(config.state_std or [1.0] * s, dtype=torch.float32)
+        self.register_buffer("state_mean", mean, persistent=False)
+        self.register_buffer("state_std", std.clamp_min(1e-3), persistent=False)
+        features = len(self.image_keys) * w * 16 + (w if s else 0)
+        self.head = nn.Sequential(nn.Linear(features, 2 * w), nn.ReLU(), nn.Linear(2 * w, 1))
+
+    def forward(self, obs: dict[str, Any]) -> Tensor:
+        """``logits [B]`` of a batch (keys of :attr:`RewardModelConfig.inputs`; images ``uint8 [B, H, W, 3]``)."""
+        parts = []
+        for key in self.image_keys:
+            img = obs[key].to(self.head[0].weight.device).permute(0, 3, 1, 2).float() / 255.0
+            parts.append(self.encoder(img))  # type: ignore[misc]
+        if self.state_net is not None:
+            state = obs[OBS_STATE].to(self.head[0].weight.device).float()
+            parts.append(self.state_net((state - self.state_mean) / self.state_std))
+        return self.head(torch.cat(parts, dim=1)).squeeze(1)
+
+    @torch.no_grad()
+    def predict(self, obs: dict[str, Any], where: str = "observation", batch_size: int = 256) -> Tensor:
+        """``float32 [B]`` in ``[0, 1]`` (P(success) or progress) on the CPU, in batches of ``batch_size``.
+
+        Raises:
+            RewardInputError: naming ``where``, the key and both shapes when the batch does not match.
+        """
+        self.check_batch(obs, where)
+        was = self.training
+        self.eval()
+        n = next(v.shape[0] for k, v in obs.items() if k in self.config.inputs)
+        out = [torch.sigmoid(self({k: obs[k][i:i + batch_size] for k in self.config.inputs})).float().cpu()
+               for i in range(0, n, batch_size)]
+        self.train(was)
+        return torch.cat(out) if out else torch.zeros(0)
+
+    def check_batch(self, obs: dict[str, Any], where: str) -> None:
+        """Check that ``obs`` holds every input as ``[B, *shape]``.
+
+        Raises:
+            RewardInputError: naming ``where``, the key, the model's shape and the batch's.
+        """
+        for key, shape in self.config.inputs.items():
+            if key not in obs:
+                raise RewardInputError(f"{where} has no {key!r}, which the reward model reads (model inputs: "
+                                       f"{dict(self.config.inputs)}; {where} keys: {sorted(obs)})")
+            got = tuple(obs[key].shape[1:])
+            if got != tuple(shape):
+                raise RewardInputError(f"{where}: {key!r} has shape {list(got)} per env but the reward model was "
+                                       f"trained on {list(shape)}")
+
+    def check_inputs(self, observation_shapes: dict[str, tuple[int, ...]], where: str) -> None:
+        """Check an env's observation spec (key -> per-env shape) before any step is taken.
+
+        Raises:
+            RewardInputError: naming ``where`` (the env id), the key and both shapes.
+        """
+        for key, shape in self.config.inputs.items():
+            if key not in observation_shapes:
+                raise RewardInputError(f"{where} does not emit {key!r}, which the reward model reads "
+                                       f"(model inputs: {dict(self.config.inputs)}; the env emits: "
+                                       f"{sorted(observation_shapes)})")
+            if tuple(observation_shapes[key]) != tuple(shape):
+                raise RewardInputError(f"{where}: {key!r} has shape {list(observation_shapes[key])} but the reward "
+                                       f"model was trained on {list(shape)}")
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the model folder atomically (``config.json``, ``model.safetensors``, ``manifest.json``)."""
+        config = {"type": REWARD_MODEL_TYPE, **asdict(self.config)}
+        return write_checkpoint(directory, config, self.state_dict())
+
+
+def load_reward_model(directory: str | Path) -> RewardModel:
+    """Load a reward model folder written by :meth:`RewardModel.save`, verified against its manifest.
+
+    Raises:
+        CheckpointError: naming the folder for a missing folder or file, a damaged file, another type of
+            checkpoint (e.g. a policy folder) or weights that do not fit the config.
+    """
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such reward model folder (train one with `vla-rl reward train`)")
+    verify_policy_folder(folder)
+    data, tensors = read_checkpoint(folder)
+    kind = data.pop("type", None)
+    if kind != REWARD_MODEL_TYPE:
+        raise CheckpointError(f"{folder}: config.json has type {kind!r}, not a reward model ({REWARD_MODEL_TYPE!r}); "
+                              "pass a folder written by `vla-rl reward train`")
+    try:
+        config = RewardModelConfig(**data)
+        model = RewardModel(config)
+        model.load_state_dict(tensors)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{folder}: not a loadable reward model ({' '.join(str(exc).split())[:300]})") from None
+    return model.eval()

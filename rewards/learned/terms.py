@@ -1,0 +1,124 @@
+"""The learned reward terms: ``classifier`` (a success classifier) and ``prm`` (a process reward model).
+
+Both are computed terms (:data:`rewards.terms.REWARDS`) configured in :class:`rewards.config.RewardConfig`
+(``--reward.terms '{classifier: 1.0}' --reward.classifier.path DIR``). A learned model judges states the
+policy's cameras show, and inside a chunk only the chunk's outcome is rendered, so both pay on each env's
+last step of the chunk (the step its episode ended, or the chunk's last) from the outcome observation
+(:attr:`rewards.terms.StepInput.next_obs`) and pay 0 on the other steps:
+
+- ``classifier``: ``1`` when ``P(success | outcome) >= threshold`` (or the probability itself with
+  ``threshold: 0``). With ``--reward.terms '{classifier: 1.0}'`` the learner never sees the simulator's
+  success reward; evaluation still scores the simulator's success.
+- ``prm``: ``progress(outcome) - progress(decision observation)``, a potential difference (Ng et al. 1999):
+  over an episode it sums to the progress gained, so it cannot be farmed by going back and forth, and mixed
+  with sparse success (``{success: 1.0, prm: 0.5}``) it shapes without changing which policy is optimal.
+
+The model is loaded once per :class:`rewards.compose.RewardFunction` and evaluated once per chunk (on the
+CPU, in batches). A model whose inputs do not match the env's observations raises
+:class:`rewards.learned.model.RewardInputError` on the first chunk, naming the key and both shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rewards.learned.model import RewardModel, load_reward_model
+from rewards.terms import REWARDS, RewardTerm, StepInput
+
+
+@dataclass
+class ClassifierTermConfig:
+    """The ``classifier`` term: a success classifier's verdict on each chunk's outcome."""
+
+    path: str = ""
+    """Reward model folder of kind ``classifier`` (``vla-rl reward train --kind classifier``)."""
+    threshold: float = 0.5
+    """Pay 1 when P(success) >= threshold, else 0; 0 = pay the probability itself."""
+
+
+@dataclass
+class ProgressTermConfig:
+    """The ``prm`` term: progress gained over each chunk by a process reward model."""
+
+    path: str = ""
+    """Reward model folder of kind ``progress`` (``vla-rl reward train --kind progress``)."""
+
+
+def _model(path: str, kind: str, term: str) -> RewardModel:
+    from policies.io import CheckpointError
+
+    if not path:
+        raise CheckpointError(f"reward term {term!r} needs --reward.{term}.path <reward model folder> "
+                              f"(train one with `vla-rl reward train --kind {kind}`)")
+    model = load_reward_model(path)
+    if model.config.kind != kind:
+        raise CheckpointError(f"reward.{term}.path: {path} holds a {model.config.kind!r} model; the {term!r} "
+                              f"term needs a {kind!r} model")
+    return model
+
+
+class _ChunkOutcomeTerm:
+    """Evaluates a model once per chunk (the first step's call) and pays on each env's last live step."""
+
+    def __init__(self, model: RewardModel) -> None:
+        self.model = model
+        self._key: object = None
+        self._value = torch.zeros(0)
+
+    def chunk_value(self, step: StepInput) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __call__(self, step: StepInput) -> Tensor:
+        """``float32 [B]``: the chunk's value on the env's last live step, 0 elsewhere."""
+        if step.next_obs is None or step.last is None:
+            raise ValueError(f"reward term on {step.env_id}: a learned term needs the chunk's outcome observation "
+                             "(StepInput.next_obs), which rewards.compose.RewardFunction provides")
+        if self._key is not step.next_obs:
+            self._key, self._value = step.next_obs, self.chunk_value(step)
+        return torch.where(step.last, self._value, torch.zeros_like(self._value))
+
+
+class ClassifierTerm(_ChunkOutcomeTerm):
+    """See the module doc (``classifier``)."""
+
+    def __init__(self, model: RewardModel, threshold: float) -> None:
+        super().__init__(model)
+        self.threshold = threshold
+
+    def chunk_value(self, step: StepInput) -> Tensor:
+        p = self.model.predict(step.next_obs, where=f"{step.env_id} observation")  # type: ignore[arg-type]
+        return (p >= self.threshold).float() if self.threshold > 0 else p
+
+
+class ProgressTerm(_ChunkOutcomeTerm):
+    """See the module doc (``prm``)."""
+
+    def chunk_value(self, step: StepInput) -> Tensor:
+        where = f"{step.env_id} observation"
+        after = self.model.predict(step.next_obs, where=where)  # type: ignore[arg-type]
+        return after - self.model.predict(step.obs, where=where)
+
+
+@REWARDS.register("classifier", config=ClassifierTermConfig,
+                  help="a learned success classifier on each chunk's outcome (--reward.classifier.path)")
+def classifier(cfg: ClassifierTermConfig) -> RewardTerm:
+    """The ``classifier`` term (module doc).
+
+    Raises:
+        policies.io.CheckpointError: for a missing path, a damaged folder or a model of another kind.
+    """
+    return ClassifierTerm(_model(cfg.path, "classifier", "classifier"), cfg.threshold)
+
+
+@REWARDS.register("prm", config=ProgressTermConfig,
+                  help="a learned process reward model: progress gained per chunk (--reward.prm.path)")
+def prm(cfg: ProgressTermConfig) -> RewardTerm:
+    """The ``prm`` term (module doc).
+
+    Raises:
+        policies.io.CheckpointError: for a missing path, a damaged folder or a model of another kind.
+    """
+    return ProgressTerm(_model(cfg.path, "progress", "prm"))

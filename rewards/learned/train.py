@@ -1,0 +1,169 @@
+"""Fit a :class:`~rewards.learned.model.RewardModel` on labelled episodes and measure it on held-out episodes.
+
+Episodes (not frames) are split into training and held-out sets, so the held-out metrics say how the model
+does on episodes it never saw. Frames are fitted with binary cross-entropy on soft targets (0/1 success
+labels for the classifier, progress fractions for the process reward model); for the classifier the positive
+frames are up-weighted by the negative/positive ratio, since success frames are few.
+
+Metrics (:func:`classifier_metrics`, :func:`progress_metrics`) on the held-out episodes:
+
+- classifier, per frame: precision, recall, accuracy at the threshold; per episode (``episode_accuracy``): the
+  episode is called successful when the model says success on its last frame (the state it ended in), compared
+  with whether it succeeded;
+- progress: mean absolute error of the predicted progress, and the rank correlation of prediction and label.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from rewards.learned.labels import Episode
+from rewards.learned.model import RewardModel, RewardModelConfig
+from vla_core.keys import OBS_STATE
+
+
+@dataclass
+class FitConfig:
+    """Training of a reward model."""
+
+    epochs: int = 20
+    """Passes over the training frames."""
+    batch_size: int = 128
+    """Frames per gradient step."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    width: int = 32
+    """Channels of the CNN and width of the MLPs (:class:`~rewards.learned.model.RewardModelConfig`)."""
+    holdout: float = 0.2
+    """Fraction of the episodes held out for the reported metrics."""
+    threshold: float = 0.5
+    """Classifier: P(success) at or above which a frame counts as success in the metrics."""
+    seed: int = 0
+    """Seed of the episode split, the initial weights and the batch order."""
+    keys: list[str] = field(default_factory=list)
+    """Observation keys the model reads; empty = every camera and ``observation.state`` of the data."""
+
+
+def split_episodes(n: int, holdout: float, seed: int) -> tuple[list[int], list[int]]:
+    """``(train, held_out)`` episode indices: a seeded shuffle, ``max(1, round(holdout * n))`` held out
+    (none when ``holdout`` is 0 or ``n < 2``)."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    k = 0 if holdout <= 0 or n < 2 else min(n - 1, max(1, round(holdout * n)))
+    return sorted(order[k:]), sorted(order[:k])
+
+
+def stack_frames(episodes: list[Episode], keys: list[str]) -> dict[str, Tensor]:
+    """Every frame of ``episodes`` as one batch: key -> ``[N, ...]``."""
+    return {k: torch.cat([e.obs[k] for e in episodes]) for k in keys}
+
+
+def default_keys(episode: Episode) -> list[str]:
+    """The camera keys and ``observation.state`` of an episode (privileged ``observation.env_state`` excluded:
+    a reward model must read what the policy and a real robot have)."""
+    return [k for k in episode.obs if k.startswith("observation.images.")] + (
+        [OBS_STATE] if OBS_STATE in episode.obs else [])
+
+
+def fit_reward_model(kind: str, episodes: list[Episode], targets: list[Tensor], cfg: FitConfig,
+                     desc: str = "fit") -> tuple[RewardModel, list[int], list[int]]:
+    """Train a reward model of ``kind`` on the training split of ``episodes``.
+
+    Args:
+        kind: ``classifier`` or ``progress``.
+        episodes: labelled episodes; ``targets[i]`` is ``float32 [T_i]`` in ``[0, 1]`` for episode ``i``.
+        cfg: training settings.
+
+    Returns:
+        ``(model, train_idx, held_out_idx)``.
+
+    Raises:
+        ValueError: for no episodes, a key the episodes lack, or (classifier) training frames of one class only.
+    """
+    if not episodes:
+        raise ValueError("no episodes to train a reward model on")
+    keys = list(cfg.keys) or default_keys(episodes[0])
+    for k in keys:
+        if k not in episodes[0].obs:
+            raise ValueError(f"the episodes have no {k!r} (they have {sorted(episodes[0].obs)})")
+    train_idx, held_idx = split_episodes(len(episodes), cfg.holdout, cfg.seed)
+    train_eps = [episodes[i] for i in train_idx]
+    obs = stack_frames(train_eps, keys)
+    y = torch.cat([targets[i] for i in train_idx]).float()
+    pos_weight = 1.0
+    if kind == "classifier":
+        pos = float((y > 0.5).sum())
+        if pos == 0 or pos == len(y):
+            raise ValueError(f"the training episodes have {'no' if pos == 0 else 'only'} success frames: a success "
+                             "classifier needs both (record failures too, e.g. `--only_success false`)")
+        pos_weight = (len(y) - pos) / pos
+    torch.manual_seed(cfg.seed)
+    state = obs.get(OBS_STATE)
+    config = RewardModelConfig(
+        kind=kind, inputs={k: list(obs[k].shape[1:]) for k in keys}, width=cfg.width,
+        state_mean=state.float().mean(0).tolist() if state is not None else [],
+        state_std=state.float().std(0).tolist() if state is not None else [],
+    )
+    model = RewardModel(config)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    n = len(y)
+    weights = torch.where(y > 0.5, torch.tensor(pos_weight), torch.tensor(1.0))
+    model.train()
+    with tqdm(range(cfg.epochs), desc=desc, unit="epoch") as bar:
+        for _ in bar:
+            order = torch.randperm(n, generator=gen)
+            total = 0.0
+            for i in range(0, n, cfg.batch_size):
+                idx = order[i:i + cfg.batch_size]
+                logits = model({k: v[idx] for k, v in obs.items()})
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y[idx], weight=weights[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * len(idx)
+            bar.set_postfix(loss=f"{total / n:.4f}")
+    return model.eval(), train_idx, held_idx
+
+
+def classifier_metrics(model: RewardModel, episodes: list[Episode], threshold: float = 0.5) -> dict[str, Any]:
+    """Frame precision / recall / accuracy and episode accuracy of a success classifier (module doc)."""
+    if not episodes:
+        return {}
+    keys = list(model.config.inputs)
+    prob = model.predict(stack_frames(episodes, keys), where="held-out frames")
+    label = torch.cat([e.success for e in episodes])
+    pred = prob >= threshold
+    tp, fp = int((pred & label).sum()), int((pred & ~label).sum())
+    fn, tn = int((~pred & label).sum()), int((~pred & ~label).sum())
+    last = torch.cumsum(torch.tensor([e.length for e in episodes]), 0) - 1
+    ep_pred, ep_true = pred[last], torch.tensor([e.succeeded for e in episodes])
+    return {
+        "episodes": len(episodes), "frames": int(label.numel()), "positive_frames": int(label.sum()),
+        "precision": tp / (tp + fp) if tp + fp else float("nan"), "recall": tp / (tp + fn) if tp + fn else float("nan"),
+        "accuracy": (tp + tn) / label.numel(), "episode_accuracy": float((ep_pred == ep_true).float().mean()),
+        "successful_episodes": int(ep_true.sum()), "threshold": threshold,
+    }
+
+
+def progress_metrics(model: RewardModel, episodes: list[Episode], targets: list[Tensor]) -> dict[str, Any]:
+    """Mean absolute error and Spearman rank correlation of predicted vs labelled progress on ``episodes``."""
+    if not episodes:
+        return {}
+    pred = model.predict(stack_frames(episodes, list(model.config.inputs)), where="held-out frames")
+    y = torch.cat(targets).float()
+
+    def ranks(x: Tensor) -> Tensor:
+        return torch.argsort(torch.argsort(x)).float()
+
+    rp, ry = ranks(pred), ranks(y)
+    rp, ry = rp - rp.mean(), ry - ry.mean()
+    corr = float((rp * ry).sum() / (rp.norm() * ry.norm()).clamp_min(1e-9))
+    return {"episodes": len(episodes), "frames": int(y.numel()), "mae": float((pred - y).abs().mean()),
+            "spearman": corr}

@@ -1,0 +1,266 @@
+"""Learned rewards: labels, recording, fitting on tiny data, checkpoints, input checks and the learned terms."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from policies.base import ActMode
+from policies.io import CheckpointError
+from rewards import RewardConfig, RewardFunction
+from rewards.learned.data import record_episodes
+from rewards.learned.labels import (
+    Episode,
+    event_boundaries,
+    event_targets,
+    milestone_targets,
+    stage_targets,
+    success_targets,
+    task_state_from_obs,
+)
+from rewards.learned.model import RewardInputError, RewardModel, RewardModelConfig, load_reward_model
+from rewards.learned.terms import ClassifierTermConfig, ProgressTermConfig
+from rewards.learned.train import FitConfig, classifier_metrics, fit_reward_model, progress_metrics, split_episodes
+from sim.core import OBS_ENV_STATE, OBS_STATE, TASK, ChunkSteps, image_key
+from sim.mujoco_tasks.tasks import TASK_INDEX, TASKS, stage_progress
+from sim.vector import SerialVecEnv
+from tests.sim.toy_env import CounterEnv
+from tests.vla_rl.toy_policy import GaussianPolicy
+from vla_rl.rollout import RolloutEngine, reward_scalars
+
+CAM = image_key("cam")
+
+
+def _env_state(task: str, red: tuple[float, float, float], pad: tuple[float, float] = (0.5, 0.1)) -> np.ndarray:
+    cubes = [red, (0.45, -0.1, 0.02), (0.55, 0.15, 0.02)]
+    return np.array([*np.ravel(cubes), pad[0], pad[1], 0.0, TASK_INDEX[task]], np.float32)
+
+
+@pytest.mark.parametrize("pinch, opening, red, stages", [
+    ((0.3, 0.0, 0.2), 1.0, (0.5, 0.0, 0.02), 0),     # far away
+    ((0.5, 0.0, 0.03), 1.0, (0.5, 0.0, 0.02), 1),    # reached, gripper open
+    ((0.5, 0.0, 0.025), 0.34, (0.5, 0.0, 0.02), 2),  # closed on the cube
+    ((0.5, 0.0, 0.055), 0.34, (0.5, 0.0, 0.05), 3),  # lifted 3 cm while held
+    ((0.5, 0.0, 0.025), 0.0, (0.5, 0.0, 0.02), 1),   # closed on nothing (opening 0): not grasped
+])
+def test_stage_rule_rebuilds_the_pick_stages_from_privileged_observations(pinch, opening, red, stages):
+    state = np.array([*pinch, opening, *np.zeros(7)], np.float32)
+    task = TASKS[TASK_INDEX["pick-red"]]
+    assert stage_progress(task, task_state_from_obs(state, _env_state("pick-red", red))) == stages
+
+
+def test_stage_targets_are_stage_fractions_and_one_on_success_frames():
+    frames = [((0.3, 0.0, 0.2), 1.0, (0.5, 0.0, 0.02)), ((0.5, 0.0, 0.025), 0.34, (0.5, 0.0, 0.02)),
+              ((0.5, 0.0, 0.1), 0.34, (0.5, 0.0, 0.1))]
+    state = torch.tensor(np.stack([[*p, o, *np.zeros(7)] for p, o, _ in frames]), dtype=torch.float32)
+    env_state = torch.tensor(np.stack([_env_state("pick-red", r) for _, _, r in frames]))
+    ep = Episode(obs={OBS_STATE: state, OBS_ENV_STATE: env_state}, success=torch.tensor([False, False, True]), task="x")
+    assert stage_targets(ep).tolist() == [0.0, 0.5, 1.0]  # pick has 3 stages: k / 4
+    with pytest.raises(ValueError, match="events"):
+        stage_targets(Episode(obs={OBS_STATE: state}, success=ep.success, task="x"))
+
+
+def test_event_boundaries_at_gripper_changes_and_rests():
+    # ee moves 1 cm/frame for 4 frames, rests 2 frames, moves again; gripper closes at frame 5, opens at 8
+    x = [0.0, 0.01, 0.02, 0.03, 0.04, 0.04, 0.04, 0.05, 0.06, 0.07]
+    grip = [1, 1, 1, 1, 1, 0.3, 0.3, 0.3, 1, 1]
+    state = torch.tensor([[xi, 0.0, 0.0, g] for xi, g in zip(x, grip)])
+    bounds = event_boundaries(state)
+    assert bounds.nonzero().flatten().tolist() == [5, 8]  # rest starts at 5 (after 4 moving frames) = the close
+    ep = Episode(obs={OBS_STATE: state}, success=torch.tensor([False] * 9 + [True]), task="x")
+    prog = event_targets(ep)
+    assert prog[:5].tolist() == [0.0] * 5 and prog[5:8].tolist() == [pytest.approx(1 / 3)] * 3
+    assert prog[8] == pytest.approx(2 / 3) and prog[9] == 1.0
+    failed = Episode(obs={OBS_STATE: state}, success=torch.zeros(10, dtype=torch.bool), task="x")
+    kept, targets = milestone_targets([ep, failed], "events")  # events label successful episodes only
+    assert kept == [ep] and len(targets) == 1
+
+
+def _counter_env(n: int = 4, goal: float = 0.6, steps: int = 6) -> SerialVecEnv:
+    factories = [functools.partial(CounterEnv, episode_steps=steps, goal=goal) for _ in range(n)]
+    return SerialVecEnv(factories, "toy/counter")
+
+
+def _counter_episodes(n: int, seed: int = 0) -> list[Episode]:
+    gen = torch.Generator().manual_seed(seed)
+    env = _counter_env()
+    try:  # half the envs push towards the goal, half stand still: successes and failures
+        return record_episodes(env, lambda obs: (torch.rand(4, 2, 1, generator=gen) * 0.4)
+                               * torch.tensor([1.0, 0.0, 1.0, 0.0])[:, None, None], n, seed)
+    finally:
+        env.close()
+
+
+def test_recorded_episodes_label_the_state_each_frame_shows():
+    eps = _counter_episodes(8)
+    assert len(eps) == 8 and any(e.succeeded for e in eps) and not all(e.succeeded for e in eps)
+    for e in eps:
+        pos = e.obs[OBS_STATE][:, 0]
+        assert torch.equal(e.success, pos >= 0.6 - 1e-6), (pos, e.success)  # the flag of the state shown
+        assert e.obs[CAM].dtype == torch.uint8 and e.obs[CAM].shape[1:] == (4, 4, 3)
+        assert success_targets(e).dtype == torch.float32
+
+
+def test_classifier_learns_success_on_tiny_data_and_reports_held_out_precision_recall():
+    torch.manual_seed(0)
+    eps = _counter_episodes(100)
+    cfg = FitConfig(epochs=60, batch_size=64, lr=3e-3, width=8, holdout=0.25, seed=0)
+    model, train_idx, held_idx = fit_reward_model("classifier", eps, [success_targets(e) for e in eps], cfg)
+    assert len(held_idx) == 25 and not set(train_idx) & set(held_idx)
+    m = classifier_metrics(model, [eps[i] for i in held_idx])
+    assert m["episodes"] == 25 and m["positive_frames"] > 0
+    assert m["precision"] >= 0.9 and m["recall"] >= 0.9 and m["episode_accuracy"] >= 0.9, m
+
+
+def test_progress_model_learns_a_progress_label_on_tiny_data():
+    torch.manual_seed(0)
+    eps = _counter_episodes(100)
+    targets = [(e.obs[OBS_STATE][:, 0] / 0.6).clamp(0, 1) for e in eps]  # progress = position towards the goal
+    model, _, held = fit_reward_model("progress", eps, targets, FitConfig(epochs=60, width=8, lr=3e-3, seed=0))
+    m = progress_metrics(model, [eps[i] for i in held], [targets[i] for i in held])
+    untrained = progress_metrics(RewardModel(model.config), [eps[i] for i in held], [targets[i] for i in held])
+    assert m["spearman"] >= 0.85 and m["mae"] <= 0.06 and untrained["mae"] >= 0.25, (m, untrained)
+
+
+def test_classifier_needs_both_outcomes():
+    eps = [e for e in _counter_episodes(8) if not e.succeeded]
+    with pytest.raises(ValueError, match="no success frames"):
+        fit_reward_model("classifier", eps, [success_targets(e) for e in eps], FitConfig(epochs=1))
+
+
+def test_split_is_by_episode_and_seeded():
+    a, b = split_episodes(10, 0.2, 3)
+    assert (a, b) == split_episodes(10, 0.2, 3) and len(b) == 2 and sorted(a + b) == list(range(10))
+    assert split_episodes(1, 0.5, 0) == ([0], [])
+
+
+def _switch_model(kind: str = "classifier") -> RewardModel:
+    """A state-only model with P = sigmoid(20 * relu(state[0]) - 10): ~1 where state[0] = 1, ~0 where 0."""
+    model = RewardModel(RewardModelConfig(kind=kind, inputs={OBS_STATE: [2]}, width=2))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.state_net[0].weight[0, 0] = 1.0
+        model.head[0].weight[0, 0] = 1.0
+        model.head[2].weight[0, 0] = 20.0
+        model.head[2].bias[0] = -10.0
+    return model
+
+
+def test_checkpoint_round_trip_manifest_and_damage(tmp_path):
+    model = _switch_model()
+    path = model.save(tmp_path / "clf")
+    assert (path / "manifest.json").is_file()
+    assert json.loads((path / "config.json").read_text())["type"] == "reward_model"
+    obs = {OBS_STATE: torch.tensor([[1.0, 0.0], [0.0, 5.0]])}
+    assert torch.equal(load_reward_model(path).predict(obs), model.predict(obs))
+    weights = path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_reward_model(path)
+    with pytest.raises(CheckpointError, match="no such reward model folder"):
+        load_reward_model(tmp_path / "missing")
+
+
+def test_inputs_that_do_not_match_name_the_key_and_both_shapes():
+    model = RewardModel(RewardModelConfig(inputs={CAM: [8, 8, 3], OBS_STATE: [2]}, width=4))
+    with pytest.raises(RewardInputError) as err:
+        model.check_inputs({CAM: (4, 4, 3), OBS_STATE: (2,)}, where="toy/counter")
+    assert all(w in str(err.value) for w in ("toy/counter", CAM, "[4, 4, 3]", "[8, 8, 3]"))
+    with pytest.raises(RewardInputError, match="has no 'observation.state'"):
+        model.predict({CAM: torch.zeros(1, 8, 8, 3, dtype=torch.uint8)})
+
+
+def _chunk(final_state: list[float], after_state: list[float]) -> ChunkSteps:
+    """Two envs, H = 3: env 0 ends (success) at step 1, env 1 runs the whole chunk."""
+    h, n = 3, 2
+    term = torch.tensor([[False, False], [True, False], [False, False]])
+    final = {OBS_STATE: torch.tensor([[final_state[0], 0.0], [9.0, 9.0]]), TASK: ["a", "b"]}
+    after = {OBS_STATE: torch.tensor([[7.0, 7.0], [after_state[1], 0.0]]), TASK: ["a", "b"]}
+    return ChunkSteps(
+        env_ids=[0, 1], reward=torch.zeros(h, n), terminated=term, truncated=torch.zeros(h, n, dtype=torch.bool),
+        success=term.clone(), reward_terms={}, episode_return=torch.zeros(h, n),
+        episode_length=torch.zeros(h, n, dtype=torch.long), final_obs=final, obs=after,
+    )
+
+
+def test_learned_terms_judge_each_chunks_outcome_and_pay_on_its_last_live_step(tmp_path):
+    clf = _switch_model().save(tmp_path / "clf")
+    prm = _switch_model("progress").save(tmp_path / "prm")
+    cfg = RewardConfig(terms={"classifier": 1.0, "prm": 0.5, "success": 0.0},
+                       classifier=ClassifierTermConfig(path=str(clf)), prm=ProgressTermConfig(path=str(prm)))
+    fn = RewardFunction(cfg, "toy/hand")
+    decision = {OBS_STATE: torch.tensor([[0.0, 0.0], [0.0, 0.0]]), TASK: ["a", "b"]}
+    out = fn(_chunk(final_state=[1.0], after_state=[0.0, 0.0]), torch.zeros(2, 3, 1), decision)
+    # env 0's outcome is its final obs (state[0] = 1: success); env 1's the obs after the chunk (0: not)
+    assert out.step_terms["classifier"].tolist() == [[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]
+    assert out.step_terms["prm"][1, 0] == pytest.approx(1.0, abs=1e-3)  # progress 0 -> 1 over the chunk
+    assert out.step_terms["prm"][2, 1] == pytest.approx(0.0, abs=1e-3)
+    assert out.reward[0] == pytest.approx(1.0 + 0.5, abs=1e-3) and out.reward[1] == pytest.approx(0.0, abs=1e-3)
+    out = fn(_chunk(final_state=[0.0], after_state=[0.0, 1.0]), torch.zeros(2, 3, 1), decision)  # a new chunk
+    assert out.step_terms["classifier"].tolist() == [[0.0, 0.0], [0.0, 0.0], [0.0, 1.0]]
+    threshold0 = RewardFunction(RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(
+        path=str(clf), threshold=0.0)), "toy/hand")
+    p = threshold0(_chunk([0.5], [0.0, 0.0]), torch.zeros(2, 3, 1), decision).step_terms["classifier"][1, 0]
+    assert p == pytest.approx(float(torch.sigmoid(torch.tensor(0.0))), abs=1e-4)  # the probability itself
+
+
+def test_learned_term_errors_name_what_is_wrong(tmp_path):
+    with pytest.raises(CheckpointError, match="--reward.classifier.path"):
+        RewardFunction(RewardConfig(terms={"classifier": 1.0}), "toy/hand")
+    prm = _switch_model("progress").save(tmp_path / "prm")
+    with pytest.raises(CheckpointError, match="'progress' model"):
+        RewardFunction(RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(path=str(prm))), "x")
+
+
+def test_rollout_with_a_learned_term_stores_and_logs_it(tmp_path):
+    torch.manual_seed(0)
+    model = RewardModel(RewardModelConfig(inputs={CAM: [4, 4, 3], OBS_STATE: [2]}, width=4))
+    path = model.save(tmp_path / "clf")
+    cfg = RewardConfig(terms={"env": 1.0, "classifier": 0.5},
+                       classifier=ClassifierTermConfig(path=str(path), threshold=0))
+    engine = RolloutEngine(_counter_env(n=2), GaussianPolicy(2, 1, horizon=2, init_mean=0.2), reward=cfg)
+    engine.reset(seed=0)
+    ro = engine.collect(4, ActMode.EVAL)
+    assert ro.step_reward_terms["classifier"].shape == (4, 2, 2)
+    assert (ro.reward_terms["classifier"] > 0).all()  # a probability on each decision's last step
+    assert torch.allclose(ro.rewards, ro.reward_terms["env"] + 0.5 * ro.reward_terms["classifier"])
+    assert "reward/classifier" in reward_scalars(ro)
+    bad = RewardModel(RewardModelConfig(inputs={CAM: [8, 8, 3]}, width=4)).save(tmp_path / "bad")
+    cfg = RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(path=str(bad)))
+    engine = RolloutEngine(_counter_env(n=2), GaussianPolicy(2, 1, horizon=2), reward=cfg)
+    engine.reset(seed=0)
+    with pytest.raises(RewardInputError, match=r"toy/counter.*\[4, 4, 3\].*\[8, 8, 3\]"):
+        engine.collect(1)
+
+
+def test_dataset_episodes_are_labelled_with_the_state_each_frame_shows(tmp_path):
+    from rewards.learned.data import EpisodeDataError, read_dataset_episodes
+    from sim.dataset import EpisodeRecorder
+
+    spec = CounterEnv().spec
+    rec = EpisodeRecorder(tmp_path / "ds", "local/test", spec, fps=10)
+    # next.success per frame: episode 0's third action reaches success (and ends it); episode 1's second action
+    # reaches it and the episode goes on (a recording that does not end on success)
+    for flags in ([False, False, True], [False, True, False]):
+        for t, flag in enumerate(flags):
+            obs = {OBS_STATE: torch.tensor([[float(t), 0.0]]), CAM: torch.full((1, 4, 4, 3), t, dtype=torch.uint8),
+                   TASK: ["count"]}
+            rec.add_frame(obs, torch.zeros(1), reward=float(flag), success=flag)
+        rec.save_episode()
+    root = rec.finalize()
+    eps = read_dataset_episodes(root)
+    # frame t shows the state after frame t-1's action; the last frame of an episode ended on success keeps its own
+    assert [e.success.tolist() for e in eps] == [[False, False, True], [False, False, True]]
+    assert eps[0].obs[CAM].dtype == torch.uint8 and eps[0].obs[CAM][2, 0, 0, 0] == 2 and eps[0].task == "count"
+    assert eps[0].obs[OBS_STATE][:, 0].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(EpisodeDataError, match="no feature 'observation.images.wrist'"):
+        read_dataset_episodes(root, keys=[image_key("wrist")])
+    with pytest.raises(EpisodeDataError, match="not a LeRobotDataset"):
+        read_dataset_episodes(tmp_path / "nothing")

@@ -1,0 +1,78 @@
+"""``vla-rl reward train | eval`` on a real env, and a toy ``vla-rl train`` whose reward is a learned term."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rewards.learned.model import RewardModel, RewardModelConfig, load_reward_model
+from tests.vla_rl.test_train import TINY
+from vla_rl.cli import run
+
+ENV = ["--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--env.image_size", "32", "--env.max_episode_steps", "16",
+       "--env.num_workers", "0"]
+
+
+def test_reward_train_then_eval_on_recorded_episodes(tmp_path, capsys):
+    out = run(["reward", "train", *ENV, "--kind", "progress", "--source.episodes", "4", "--fit.epochs", "1",
+               "--fit.width", "4", "--output", str(tmp_path / "prm")])
+    model = load_reward_model(out["path"])
+    assert model.config.kind == "progress" and set(model.config.inputs) == {
+        "observation.images.front", "observation.state"}  # the policy's inputs; privileged state only labels
+    assert model.config.inputs["observation.images.front"] == [32, 32, 3] and "mae" in out["held_out"]
+    assert "--reward.prm.path" in capsys.readouterr().out
+    metrics = run(["reward", "eval", *ENV, "--path", out["path"], "--source.episodes", "2",
+                   "--output", str(tmp_path / "m.json")])
+    assert json.loads((tmp_path / "m.json").read_text()) == metrics and metrics["episodes"] == 2
+    with pytest.raises(SystemExit) as exc:  # a 64-pixel env for a model of 32-pixel inputs: before any episode
+        run(["reward", "eval", *ENV, "--env.image_size", "64", "--path", out["path"], "--source.episodes", "2"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and all(w in err for w in ("mujoco/pick-red", "observation.images.front",
+                                                          "[64, 64, 3]", "[32, 32, 3]")), err
+    with pytest.raises(SystemExit) as exc:
+        run(["reward", "train", *ENV, "--source.dataset", str(tmp_path / "nothing")])
+    assert exc.value.code == 2 and "nothing is not a LeRobotDataset" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        run(["reward", "nonsense"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "unknown reward subcommand 'nonsense'. Valid: eval, reweigh, train" in err
+
+
+def test_toy_train_with_a_learned_reward_logs_its_term_stores_traces_and_reweighs(tmp_path, capsys):
+    inputs = {"observation.images.front": [32, 32, 3], "observation.state": [11]}
+    clf = RewardModel(RewardModelConfig(kind="classifier", inputs=inputs, width=4)).save(tmp_path / "clf")
+    run_dir = tmp_path / "run"
+    run(["train", *TINY, "--iterations", "2", "--run_dir", str(run_dir), "--reward.terms",
+         "{classifier: 1.0, success: 0.0}", "--reward.classifier.path", str(clf), "--reward.classifier.threshold", "0"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "reward/classifier" in r]
+    assert len(trained) == 2 and all(r["reward/classifier"] > 0 for r in trained)  # a probability every chunk
+    assert all(r["rollout/chunk_reward"] == pytest.approx(r["reward/classifier"], rel=1e-5) for r in trained)
+    assert sorted(p.name for p in (run_dir / "reward_terms").iterdir()) == ["iter_000001.pt", "iter_000002.pt"]
+    result = run(["reward", "reweigh", "--run", str(run_dir), "--terms", "{env: 1.0}"])
+    assert [r["reproduced"] for r in result["iterations"]] == [1.0, 1.0]
+    # between phases: refit a process reward model on the phase's policy's own rollouts
+    out = run(["reward", "train", *ENV, "--kind", "progress", "--source.episodes", "2", "--fit.epochs", "1",
+               "--fit.width", "4", "--source.policy", str(run_dir / "checkpoints" / "iter_000002" / "policy"),
+               "--output", str(tmp_path / "prm1")])
+    assert load_reward_model(out["path"]).config.kind == "progress"
+    bad = RewardModel(RewardModelConfig(inputs={"observation.images.front": [64, 64, 3]}, width=4)).save(tmp_path / "b")
+    with pytest.raises(SystemExit) as exc:
+        run(["train", *TINY, "--iterations", "1", "--run_dir", str(tmp_path / "run2"), "--reward.terms",
+             "{classifier: 1.0}", "--reward.classifier.path", str(bad)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and all(w in err for w in ("observation.images.front", "[32, 32, 3]", "[64, 64, 3]"))
+
+
+def test_reward_terms_from_the_command_line_or_a_preset_replace_the_default(tmp_path):
+    from vla_rl.cli import parse_config
+    from vla_rl.train_config import TrainConfig
+
+    assert parse_config(TrainConfig, []).reward.terms == {"env": 1.0}
+    assert parse_config(TrainConfig, ["--reward.terms", "{classifier: 1.0}"]).reward.terms == {"classifier": 1.0}
+    preset = tmp_path / "p.yaml"
+    preset.write_text("reward:\n  terms: {success: 2.0}\n")
+    assert parse_config(TrainConfig, ["--config_path", str(preset)]).reward.terms == {"success": 2.0}
+    assert parse_config(TrainConfig, ["--config_path", str(preset), "--reward.terms", "{prm: 0.5}"]).reward.terms == {
+        "prm": 0.5}
