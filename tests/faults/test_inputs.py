@@ -23,10 +23,14 @@ def one_line(capsys: pytest.CaptureFixture[str], code: int, exc: pytest.Exceptio
 
 
 def _commands() -> list[str]:
+    """Every command, and every subcommand of a group as ``"<group> <sub>"``."""
     from vla_rl.cli import _load_commands
+    from vla_rl.commands import GROUPS
 
     _load_commands()
-    return sorted(entry.name for entry in COMMANDS)
+    names = [entry.name for entry in COMMANDS if entry.name not in GROUPS]
+    names += [f"{group} {entry.name}" for group, subs in GROUPS.items() for entry in subs]
+    return sorted(names)
 
 
 @pytest.mark.parametrize("command", _commands())
@@ -34,7 +38,7 @@ def test_every_command_names_the_file_and_line_of_malformed_yaml(command: str, t
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD_YAML)
     with pytest.raises(SystemExit) as exc:
-        run([command, "--config_path", str(bad)])
+        run([*command.split(), "--config_path", str(bad)])
     line = one_line(capsys, 2, exc)
     assert str(bad) in line and "line 4, column 5" in line, line
 

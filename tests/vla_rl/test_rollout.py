@@ -112,7 +112,7 @@ def test_update_skips_when_dynamic_sampling_drops_every_group():
     engine = RolloutEngine(env, policy, use_critic=False)
     before = [p.detach().clone() for p in policy.parameters()]
     stats = learner.update(learner.collect(IterationInputs(iteration=0, seed_base=1, reset=True, engine=engine)))
-    assert stats == {"update/skipped": 1.0}
+    assert {k: v for k, v in stats.items() if not k.startswith("time/")} == {"update/skipped": 1.0}
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 
