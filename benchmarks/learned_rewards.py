@@ -20,9 +20,9 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
 Run alone for numbers worth recording (``OMP_NUM_THREADS=1``); on a 2-core CPU machine the classifier part
 took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
 
-    python benchmarks/rewards.py --parts classifier --seeds 0 1 2
-    python benchmarks/rewards.py --parts ppo-classifier --seeds 0 1 2
-    python benchmarks/rewards.py --parts prm --seeds 0 1 2
+    python benchmarks/learned_rewards.py --parts classifier --seeds 0 1 2
+    python benchmarks/learned_rewards.py --parts ppo-classifier --seeds 0 1 2
+    python benchmarks/learned_rewards.py --parts prm --seeds 0 1 2
 """
 
 from __future__ import annotations
