@@ -184,8 +184,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
         "policy": args.policy or "fresh quickstart policy",
         "repeats": args.repeats, "iterations_per_repeat": args.iterations,
-        "env_only_steps_per_s": env_sps, "eval_seconds_400": eval_s if args.eval_episodes == 400 else None,
-        "eval_episodes": args.eval_episodes, "eval_seconds": eval_s, "rows": rows,
+        "env_only_steps_per_s": env_sps, "eval_episodes": args.eval_episodes, "eval_seconds": eval_s, "rows": rows,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))

@@ -33,7 +33,6 @@ without that support fall back to sequential collection.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,9 +82,8 @@ class Rollout:
         group_ids: ``[B]`` group of each env (group mode) or None.
         episodes: episodes that ended during collection.
         env_steps: env steps taken (all envs).
-        times: wall seconds of the collection (``time/rollout_collect_s``) and of its stages
-            (``time/rollout_env_s``: waiting for the envs, ``_act_s``: the policy, ``_value_s``: bootstrap
-            values; :mod:`vla_rl.timing`).
+        times: wall seconds of the collection's stages (``time/rollout_env_s``: waiting for the envs,
+            ``_act_s``: the policy, ``_value_s``: bootstrap values; :mod:`vla_rl.timing`).
     """
 
     obs: dict[str, Any]
@@ -391,8 +389,7 @@ class RolloutEngine:
     def _collect(self, num_decisions: int, mode: ActMode, group_ids: Tensor | None, stop_when_all_ended: bool) -> Rollout:
         b = self.env.num_envs
         steps_before = self.total_env_steps
-        start = time.perf_counter()
-        self.times.take()
+        self.times.take()  # drop anything timed outside this collection
         groups = self.pipeline_groups
         if groups is not None:
             obs_list, outs, chunks, values, valid = self._decisions_pipelined(
@@ -429,5 +426,5 @@ class RolloutEngine:
             group_ids=group_ids,
             episodes=episodes,
             env_steps=self.total_env_steps - steps_before,
-            times={**self.times.take("time/rollout_"), "time/rollout_collect_s": time.perf_counter() - start},
+            times=self.times.take("time/rollout_"),
         )

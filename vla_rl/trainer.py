@@ -257,8 +257,7 @@ class Trainer:
             scalars.update(split_remainder(t2 - t1, {k: v for k, v in stats.items() if k.startswith("time/update_")},
                                            "time/update_other_s"))
             if isinstance(batch, Rollout):
-                stages = {k: v for k, v in batch.times.items() if k != "time/rollout_collect_s"}
-                scalars.update(split_remainder(t1 - t0, stages, "time/rollout_other_s"))
+                scalars.update(split_remainder(t1 - t0, batch.times, "time/rollout_other_s"))
                 scalars["time/env_steps_per_s"] = batch.env_steps / max(t1 - t0, 1e-9)
             else:  # a dataset learner: drawing its batch
                 scalars["time/rollout_other_s"] = t1 - t0
