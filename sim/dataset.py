@@ -4,7 +4,8 @@ Used by ``vla-rl collect`` (scripted-expert demos). (Robot deployments record
 with :class:`hardware.recording.RobotEpisodeRecorder`, which stores a robot's
 joint layout and intervention flags instead.) Frames carry LeRobot's
 keys: ``observation.images.<cam>`` (stored as PNG images, no video codec
-needed), ``observation.state``, ``action``, ``task`` plus ``next.reward``,
+needed), ``observation.state``, the privileged ``observation.env_state`` when
+the env provides one (read only by privileged-state policies), ``action``, ``task`` plus ``next.reward``,
 ``next.success`` and any extra per-frame fields declared up front (for example
 ``is_intervention``).
 
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sim.core import OBS_STATE, EnvSpec
+from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
 from vla_core.manifest import IntegrityError, fsync_dir, move_aside, verify_manifest, write_manifest
 
 from vla_core.keys import ACTION, REWARD, SUCCESS  # noqa: F401  (re-exported)
@@ -51,6 +52,9 @@ def features_for(spec: EnvSpec, extra: dict[str, dict] | None = None) -> dict[st
     if OBS_STATE in spec.observation:
         (s,) = spec.observation[OBS_STATE].shape
         feats[OBS_STATE] = {"dtype": "float32", "shape": (s,), "names": [f"s{i}" for i in range(s)]}
+    if OBS_ENV_STATE in spec.observation:  # privileged sim state: for privileged-state policies and critics
+        (p,) = spec.observation[OBS_ENV_STATE].shape
+        feats[OBS_ENV_STATE] = {"dtype": "float32", "shape": (p,), "names": [f"e{i}" for i in range(p)]}
     a = spec.action_dim
     feats[ACTION] = {"dtype": "float32", "shape": (a,), "names": [f"a{i}" for i in range(a)]}
     feats[REWARD] = {"dtype": "float32", "shape": (1,), "names": None}

@@ -215,3 +215,28 @@ def test_dataset_spec_reads_channel_first_image_shapes(tmp_path):
     spec = dataset_spec(tmp_path)
     assert spec.cameras == ("top", "side") and spec.image_sizes == {"top": (48, 64), "side": (48, 64)}
     assert spec.extras == () and spec.fps == 30.0
+
+
+def test_demos_record_the_privileged_env_state_and_only_privileged_policies_read_it(tmp_path):
+    """``vla-rl collect`` records ``observation.env_state`` (the sim's privileged state) next to the robot state;
+    ``load_chunks`` hands it over only to a policy whose actor reads it, and says when a dataset lacks it."""
+    from sim.registry import make_env
+    from vla_rl.data import collect_demos
+
+    root = tmp_path / "demos"
+    with make_env("mujoco/pick-red", num_envs=1, seed=0, obs_mode="state") as env:
+        collect_demos(env, root, 1, "local/env-state", True, 0, 0.0, 0)
+    spec = dataset_spec(root)
+    assert spec.env_state_dim == 13 and spec.state_dim == 11
+    plain = load_chunks(root, PolicyInputs((), None, 11, 4), horizon=2)
+    assert "observation.env_state" not in plain.obs
+    privileged = load_chunks(root, PolicyInputs((), None, 11, 4, env_state_dim=13), horizon=2)
+    env_state = privileged.obs["observation.env_state"]
+    assert env_state.shape == (len(privileged.actions), 13)
+    assert torch.all(env_state[:, 12] == 0)  # the task index of pick-red
+    assert not torch.allclose(env_state[0, :9], env_state[-1, :9])  # the red cube was lifted: the cubes moved
+    with pytest.raises(DatasetError, match="observation.env_state"):
+        load_chunks(root, PolicyInputs((), None, 11, 4, env_state_dim=12), horizon=2)
+    with pytest.raises(DatasetError, match="observation.env_state"):
+        write_lerobot_dataset(tmp_path / "no_env_state", episodes=1)
+        load_chunks(tmp_path / "no_env_state", PolicyInputs((), None, STATE, ACT, env_state_dim=13), horizon=2)
