@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sim.core import OBS_STATE, EnvSpec
+from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
 from vla_core.manifest import IntegrityError, fsync_dir, move_aside, verify_manifest, write_manifest
 
 from vla_core.keys import ACTION, REWARD, SUCCESS  # noqa: F401  (re-exported)
@@ -43,7 +43,9 @@ VIDEO_BACKEND = "pyav"
 
 
 def features_for(spec: EnvSpec, extra: dict[str, dict] | None = None) -> dict[str, dict]:
-    """LeRobot feature dict for an env spec: cameras, state, action, reward, success (+ ``extra``)."""
+    """LeRobot feature dict for an env spec: cameras, state, the privileged env state (when the env has one:
+    policies that read it, such as ``gaussian-mlp``, can then be pre-trained on the dataset), action, reward,
+    success (+ ``extra``)."""
     feats: dict[str, dict] = {}
     for key in spec.image_keys:
         h, w, c = spec.observation[key].shape
@@ -51,6 +53,9 @@ def features_for(spec: EnvSpec, extra: dict[str, dict] | None = None) -> dict[st
     if OBS_STATE in spec.observation:
         (s,) = spec.observation[OBS_STATE].shape
         feats[OBS_STATE] = {"dtype": "float32", "shape": (s,), "names": [f"s{i}" for i in range(s)]}
+    if OBS_ENV_STATE in spec.observation:
+        (p,) = spec.observation[OBS_ENV_STATE].shape
+        feats[OBS_ENV_STATE] = {"dtype": "float32", "shape": (p,), "names": [f"e{i}" for i in range(p)]}
     a = spec.action_dim
     feats[ACTION] = {"dtype": "float32", "shape": (a,), "names": [f"a{i}" for i in range(a)]}
     feats[REWARD] = {"dtype": "float32", "shape": (1,), "names": None}

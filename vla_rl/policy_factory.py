@@ -45,7 +45,7 @@ def build_policy_from_fields(name: str, options: dict[str, Any], derived: dict[s
     derived = dict(derived)
     chosen = options.get("cameras")
     default = next((f.default for f in dataclasses.fields(entry.config) if f.name == "cameras"), None)
-    if chosen and tuple(chosen) != default and set(chosen) <= set(derived.get("cameras", ())):
+    if chosen is not None and tuple(chosen) != default and set(chosen) <= set(derived.get("cameras", ())):
         derived["cameras"] = tuple(chosen)
     variant = SMOKE_VARIANTS.get(name).obj if smoke and name in SMOKE_VARIANTS else None
     if variant is not None and variant.builder is not None:

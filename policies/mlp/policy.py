@@ -96,6 +96,8 @@ class GaussianMLPPolicy(Policy):
         ValueError: for ``env_state_dim == 0`` (the env provides no ``observation.env_state``).
     """
 
+    reads_env_state = True
+
     def __init__(self, config: GaussianMLPConfig) -> None:
         super().__init__()
         c = config

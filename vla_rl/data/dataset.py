@@ -28,6 +28,7 @@ from vla_core.keys import (
     INTERVENTION,
     INTERVENTION_LABEL,
     LEGACY_INTERVENTION,
+    OBS_ENV_STATE,
     OBS_IMAGE_PREFIX,
     OBS_STATE,
     REWARD,
@@ -72,6 +73,9 @@ class DatasetSpec:
     extras: tuple[str, ...] = ()
     """Which of ``intervention`` / ``is_intervention``, ``intervention_label``, ``next.reward``, ``next.success``
     the dataset records."""
+    env_state_dim: int | None = None
+    """P, the size of the privileged ``observation.env_state``; None when the dataset has none (recorded by
+    ``vla-rl collect`` since the ``gaussian-mlp`` policy, which reads it)."""
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -85,6 +89,8 @@ class DatasetSpec:
         obs = {image_key(c): TensorSpec((*self.image_sizes[c], 3), torch.uint8) for c in self.cameras}
         if self.state_dim is not None:
             obs[OBS_STATE] = TensorSpec((self.state_dim,), torch.float32)
+        if self.env_state_dim is not None:
+            obs[OBS_ENV_STATE] = TensorSpec((self.env_state_dim,), torch.float32)
         return EnvSpec(env_id=str(self.root), observation=obs, action=TensorSpec((self.action_dim,), torch.float32),
                        max_episode_steps=0, control_freq=float(self.fps), cameras=self.cameras)
 
@@ -101,6 +107,8 @@ class PolicyInputs:
     """S of ``observation.state``."""
     action_dim: int | None
     """A of ``action``."""
+    env_state_dim: int | None = None
+    """P of ``observation.env_state`` when the policy's actor reads it (``policy.reads_env_state``), else None."""
 
 
 def policy_inputs(policy: Any) -> PolicyInputs:
@@ -114,9 +122,11 @@ def policy_inputs(policy: Any) -> PolicyInputs:
         return getattr(config, name, None) if value is None else value
 
     cameras, size, state, action = read("cameras"), read("image_size"), read("state_dim"), read("action_dim")
+    env_state = read("env_state_dim") if getattr(policy, "reads_env_state", False) else None
     return PolicyInputs(
         cameras=tuple(cameras or ()), image_size=tuple(size) if size else None,  # type: ignore[arg-type]
         state_dim=int(state) if state is not None else None, action_dim=int(action) if action is not None else None,
+        env_state_dim=int(env_state) if env_state is not None else None,
     )
 
 
@@ -176,6 +186,7 @@ def dataset_spec(root: str | Path) -> DatasetSpec:
         root=root, fps=float(info.get("fps") or 0), episodes=int(info.get("total_episodes") or 0),
         frames=int(info.get("total_frames") or 0), action_dim=_flat_dim(root, ACTION, feats[ACTION]),
         state_dim=_flat_dim(root, OBS_STATE, feats[OBS_STATE]) if OBS_STATE in feats else None,
+        env_state_dim=_flat_dim(root, OBS_ENV_STATE, feats[OBS_ENV_STATE]) if OBS_ENV_STATE in feats else None,
         cameras=cams, image_sizes={c: _hw(image_key(c), feats[image_key(c)]) for c in cams},
         extras=tuple(k for k in (INTERVENTION, LEGACY_INTERVENTION, INTERVENTION_LABEL, REWARD, SUCCESS) if k in feats),
     )
@@ -190,11 +201,14 @@ def check_inputs(spec: DatasetSpec, inputs: PolicyInputs) -> None:
     """
     root = spec.root
     wanted = [image_key(c) for c in inputs.cameras] + ([OBS_STATE] if inputs.state_dim is not None else [])
+    wanted += [OBS_ENV_STATE] if inputs.env_state_dim is not None else []
     have = set(spec.env_spec().observation)
     for key in wanted:
         if key not in have:
+            hint = (" (record the dataset again with `vla-rl collect` from an env that provides it, e.g. "
+                    "mujoco/pick-any)" if key == OBS_ENV_STATE else "")
             raise DatasetError(f"{root}: the dataset has no feature {key!r}, which the policy reads "
-                               f"(the dataset's observation features: {sorted(have) or 'none'})")
+                               f"(the dataset's observation features: {sorted(have) or 'none'}){hint}")
 
     def mismatch(key: str, got: tuple[int, ...], want: tuple[int, ...]) -> DatasetError:
         return DatasetError(f"{root}: feature {key!r} has shape {got} in the dataset but the policy expects {want}")
@@ -203,6 +217,8 @@ def check_inputs(spec: DatasetSpec, inputs: PolicyInputs) -> None:
         raise mismatch(ACTION, (spec.action_dim,), (inputs.action_dim,))
     if inputs.state_dim is not None and spec.state_dim != inputs.state_dim:
         raise mismatch(OBS_STATE, (spec.state_dim,), (inputs.state_dim,))  # type: ignore[arg-type]
+    if inputs.env_state_dim is not None and spec.env_state_dim != inputs.env_state_dim:
+        raise mismatch(OBS_ENV_STATE, (spec.env_state_dim,), (inputs.env_state_dim,))  # type: ignore[arg-type]
     for cam in inputs.cameras:
         if inputs.image_size is not None and spec.image_sizes[cam] != tuple(inputs.image_size):
             raise mismatch(image_key(cam), (*spec.image_sizes[cam], 3), (*inputs.image_size, 3))
@@ -213,6 +229,7 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
     """Read the frames of the LeRobotDataset at ``root`` that ``inputs`` needs into a :class:`ChunkDataset`.
 
     Reads the cameras the policy reads (as uint8 ``[N, H, W, 3]``), ``observation.state``, ``task``,
+    ``observation.env_state`` when the policy's actor reads it,
     ``action``, and ``intervention`` (or ``is_intervention``) / ``intervention_label`` / ``next.reward`` /
     ``next.success`` when recorded; any other feature is ignored. Step labels (``label``): the dataset's
     ``intervention_label`` when it has one; else, with an intervention flag, policy steps and takeovers split
@@ -237,7 +254,7 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
         raise DatasetError(f"{spec.root}: asked for {episodes} episodes, the dataset has {spec.episodes}")
     keep = episodes or spec.episodes
     images = {image_key(c) for c in inputs.cameras}
-    read = images | {OBS_STATE, TASK, ACTION, *spec.extras}
+    read = images | {OBS_STATE, TASK, ACTION, *spec.extras} | ({OBS_ENV_STATE} if inputs.env_state_dim else set())
     try:
         ds = load_dataset(root)
         items = (ds[i] for i in range(len(ds)))
