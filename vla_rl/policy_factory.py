@@ -67,7 +67,10 @@ def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
 
     options = policy_options(policy)
     if policy.path:
-        overrides = {"sampler": options["sampler"]} if "sampler" in options else {}
+        # the sampler applies to a checkpoint that has one (not to, e.g., a gaussian-mlp one loaded without
+        # --policy.type, whose options are then the default flow policy's)
+        has_sampler = "sampler" in checkpoint_config(policy.path)
+        overrides = {"sampler": options["sampler"]} if "sampler" in options and has_sampler else {}
         note_sampler_change(policy.path, overrides.get("sampler"))
         return load_policy(policy.path, **overrides)
     return build_policy_from_fields(policy_type(policy), options, spec_fields(spec), smoke=smoke)

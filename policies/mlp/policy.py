@@ -103,8 +103,9 @@ class GaussianMLPPolicy(Policy):
         c = config
         if c.env_state_dim < 1:
             raise ValueError(
-                f"{NAME}: env_state_dim must be >= 1; the policy reads the privileged {OBS_ENV_STATE}, which the "
-                "env spec must provide (e.g. mujoco/pick-any: 13 values, set from the env by `vla-rl train`)"
+                f"{NAME}: env_state_dim must be >= 1: the policy reads the privileged {OBS_ENV_STATE}, which this "
+                "env or dataset does not provide (mujoco/pick-any does; a dataset must have been recorded by a "
+                "`vla-rl collect` that records it)"
             )
         self.config = c
         self.logp_level = c.logp_level
