@@ -28,13 +28,12 @@ from policies.io import (
     OBS_ENV_STATE,
     OBS_STATE,
     TASK,
-    CheckpointError,
     ObservationError,
     check_observation,
-    config_from_dict,
     config_to_dict,
     image_key,
-    read_checkpoint,
+    load_weights,
+    read_policy_checkpoint,
     write_checkpoint,
 )
 from policies.registry import POLICIES
@@ -233,17 +232,11 @@ class CompactFlowPolicy(FlowPolicy):
         Raises:
             CheckpointError: for a missing file, another policy type, or weights that do not fit.
         """
-        raw, tensors = read_checkpoint(path_or_id)
-        config = config_from_dict(CompactFlowConfig, raw, NAME, str(path_or_id))
-        if overrides:
-            config = replace(config, **overrides)
+        config, tensors = read_policy_checkpoint(CompactFlowConfig, path_or_id, NAME, overrides)
         policy = cls(config)
         if any(k.startswith("noise_net.") for k in tensors):
             policy.configure_sampler(config.sampler, build_noise_net=True)
-        try:
-            policy.load_state_dict(tensors, strict=True)
-        except RuntimeError as e:
-            raise CheckpointError(f"{path_or_id}: weights do not fit {NAME} built from its config: {e}") from e
+        load_weights(policy, tensors, NAME, str(path_or_id))
         return policy
 
 

@@ -27,12 +27,11 @@ from policies.base import ActMode, ActOutput, Policy, reduce_logp
 from policies.io import (
     OBS_ENV_STATE,
     OBS_STATE,
-    CheckpointError,
     ObservationError,
     check_observation,
-    config_from_dict,
     config_to_dict,
-    read_checkpoint,
+    load_weights,
+    read_policy_checkpoint,
     write_checkpoint,
 )
 from policies.mlp.config import GaussianMLPConfig
@@ -255,15 +254,9 @@ class GaussianMLPPolicy(Policy):
         Raises:
             CheckpointError: for a missing file, another policy type, or weights that do not fit.
         """
-        raw, tensors = read_checkpoint(path_or_id)
-        config = config_from_dict(GaussianMLPConfig, raw, NAME, str(path_or_id))
-        if overrides:
-            config = replace(config, **overrides)
+        config, tensors = read_policy_checkpoint(GaussianMLPConfig, path_or_id, NAME, overrides)
         policy = cls(config)
-        try:
-            policy.load_state_dict(tensors, strict=True)
-        except RuntimeError as e:
-            raise CheckpointError(f"{path_or_id}: weights do not fit {NAME} built from its config: {e}") from e
+        load_weights(policy, tensors, NAME, str(path_or_id))
         return policy
 
 
