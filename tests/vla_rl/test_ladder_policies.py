@@ -140,3 +140,15 @@ def test_sft_on_a_dataset_without_env_state_names_the_feature(tmp_path, capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert "observation.env_state" in err and "vla-rl collect" in err, err
+
+
+def test_an_explicit_empty_camera_selection_is_kept_in_an_env_with_cameras():
+    from vla_rl.policy_factory import build_policy_from_fields
+
+    derived = {"action_dim": 4, "state_dim": 11, "env_state_dim": 13, "cameras": ("front", "wrist"),
+               "image_size": (32, 32)}
+    small = {"text_encoder": "hashed", "width": 32, "heads": 2, "cnn_channels": (8, 16), "image_tokens": 2}
+    none = build_policy_from_fields("compact-flow", {**small, "cameras": (), "actor_env_state": True}, derived)
+    assert none.config.cameras == () and none.reads_env_state
+    default = build_policy_from_fields("compact-flow", {**small, "cameras": ("front",)}, derived)
+    assert default.config.cameras == ("front", "wrist")  # the config's default means every env camera
