@@ -11,6 +11,7 @@ from policies.registry import POLICIES
 
 from policies.autoregressive import smoke as _ar_smoke  # noqa: E402,F401  isort: skip
 from policies.compact import smoke as _compact_smoke  # noqa: E402,F401  isort: skip
+from policies.mlp import smoke as _mlp_smoke  # noqa: E402,F401  isort: skip
 from policies.flow import lerobot_smoke  # noqa: E402,F401  isort: skip
 
 __all__ = ["POLICIES", "ActMode", "ActOutput", "LogProbLevel", "Policy", "load_policy", "reduce_logp"]

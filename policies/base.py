@@ -72,6 +72,8 @@ class Policy(nn.Module, abc.ABC):
     """A model that acts in action chunks and re-scores what it did."""
 
     logp_level: LogProbLevel = LogProbLevel.CHUNK
+    reads_env_state: bool = False
+    """Whether the actor reads the privileged ``observation.env_state`` (then offline data must carry it)."""
 
     @property
     @abc.abstractmethod

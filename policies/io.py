@@ -18,6 +18,7 @@ dispatches on it through the registry.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -262,6 +263,32 @@ def read_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, to
     except IntegrityError as exc:
         raise CheckpointError(str(exc)) from None
     return config, load_file(str(folder / WEIGHTS_FILE))
+
+
+def read_policy_checkpoint(
+    config_class: type[C], directory: str | Path, type_name: str, overrides: dict[str, Any]
+) -> tuple[C, dict[str, torch.Tensor]]:
+    """``(config, tensors)`` of a folder written by :func:`write_checkpoint` for policy type ``type_name``, the
+    config decoded into ``config_class`` with ``overrides`` (field values) applied.
+
+    Raises:
+        CheckpointError: for a missing or damaged file, or another policy type (see :func:`read_checkpoint`).
+    """
+    raw, tensors = read_checkpoint(directory)
+    config = config_from_dict(config_class, raw, type_name, str(directory))
+    return (dataclasses.replace(config, **overrides) if overrides else config), tensors  # type: ignore[type-var]
+
+
+def load_weights(policy: torch.nn.Module, tensors: dict[str, torch.Tensor], type_name: str, where: str) -> None:
+    """Load ``tensors`` into ``policy`` (strict).
+
+    Raises:
+        CheckpointError: naming ``where`` when the weights do not fit the policy built from its config.
+    """
+    try:
+        policy.load_state_dict(tensors, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{where}: weights do not fit {type_name} built from its config: {e}") from e
 
 
 def checkpoint_type(directory: str | Path) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from policies import autoregressive, compact  # noqa: F401  (registers the autoregressive and compact policies)
+from policies import autoregressive, compact, mlp  # noqa: F401  (registers the autoregressive, compact and MLP policies)
 from policies.base import Policy
 from policies.flow import lerobot  # noqa: F401  (registers pi0 / pi0.5 / SmolVLA)
 from policies.io import checkpoint_type, verify_policy_folder

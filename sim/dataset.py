@@ -4,8 +4,7 @@ Used by ``vla-rl collect`` (scripted-expert demos). (Robot deployments record
 with :class:`hardware.recording.RobotEpisodeRecorder`, which stores a robot's
 joint layout and intervention flags instead.) Frames carry LeRobot's
 keys: ``observation.images.<cam>`` (stored as PNG images, no video codec
-needed), ``observation.state``, the privileged ``observation.env_state`` when
-the env provides one (read only by privileged-state policies), ``action``, ``task`` plus ``next.reward``,
+needed), ``observation.state``, ``action``, ``task`` plus ``next.reward``,
 ``next.success`` and any extra per-frame fields declared up front (for example
 ``is_intervention``).
 
@@ -44,7 +43,9 @@ VIDEO_BACKEND = "pyav"
 
 
 def features_for(spec: EnvSpec, extra: dict[str, dict] | None = None) -> dict[str, dict]:
-    """LeRobot feature dict for an env spec: cameras, state, action, reward, success (+ ``extra``)."""
+    """LeRobot feature dict for an env spec: cameras, state, the privileged env state (when the env has one:
+    policies that read it, such as ``gaussian-mlp``, can then be pre-trained on the dataset), action, reward,
+    success (+ ``extra``)."""
     feats: dict[str, dict] = {}
     for key in spec.image_keys:
         h, w, c = spec.observation[key].shape
@@ -52,7 +53,7 @@ def features_for(spec: EnvSpec, extra: dict[str, dict] | None = None) -> dict[st
     if OBS_STATE in spec.observation:
         (s,) = spec.observation[OBS_STATE].shape
         feats[OBS_STATE] = {"dtype": "float32", "shape": (s,), "names": [f"s{i}" for i in range(s)]}
-    if OBS_ENV_STATE in spec.observation:  # privileged sim state: for privileged-state policies and critics
+    if OBS_ENV_STATE in spec.observation:
         (p,) = spec.observation[OBS_ENV_STATE].shape
         feats[OBS_ENV_STATE] = {"dtype": "float32", "shape": (p,), "names": [f"e{i}" for i in range(p)]}
     a = spec.action_dim

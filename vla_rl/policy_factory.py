@@ -45,7 +45,7 @@ def build_policy_from_fields(name: str, options: dict[str, Any], derived: dict[s
     derived = dict(derived)
     chosen = options.get("cameras")
     default = next((f.default for f in dataclasses.fields(entry.config) if f.name == "cameras"), None)
-    if chosen and tuple(chosen) != default and set(chosen) <= set(derived.get("cameras", ())):
+    if chosen is not None and tuple(chosen) != default and set(chosen) <= set(derived.get("cameras", ())):
         derived["cameras"] = tuple(chosen)
     variant = SMOKE_VARIANTS.get(name).obj if smoke and name in SMOKE_VARIANTS else None
     if variant is not None and variant.builder is not None:
@@ -67,7 +67,10 @@ def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
 
     options = policy_options(policy)
     if policy.path:
-        overrides = {"sampler": options["sampler"]} if "sampler" in options else {}
+        # the sampler applies to a checkpoint that has one (not to, e.g., a gaussian-mlp one loaded without
+        # --policy.type, whose options are then the default flow policy's)
+        has_sampler = "sampler" in checkpoint_config(policy.path)
+        overrides = {"sampler": options["sampler"]} if "sampler" in options and has_sampler else {}
         note_sampler_change(policy.path, overrides.get("sampler"))
         return load_policy(policy.path, **overrides)
     return build_policy_from_fields(policy_type(policy), options, spec_fields(spec), smoke=smoke)

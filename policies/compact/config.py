@@ -59,7 +59,13 @@ class CompactFlowConfig:
     """Critic input: ``expert`` (action-expert output mean), ``prefix`` (prefix mean), ``state`` (privileged
     robot + env state: an asymmetric critic for simulation) or ``none``."""
     env_state_dim: int = 0
-    """P, the size of the env's ``observation.env_state`` (read only by the ``state`` critic; 0 = none)."""
+    """P, the size of the env's ``observation.env_state`` (read by the ``state`` critic and, with
+    ``actor_env_state``, by the actor; 0 = none)."""
+    actor_env_state: bool = False
+    """Feed the actor privileged state too: the action expert's state token reads
+    ``[observation.state, observation.env_state]`` (needs ``env_state_dim`` > 0, set from an env that provides
+    it). With ``cameras=()`` this is the flow policy on privileged state only (the RL ladder's no-camera rung);
+    the env state enters unnormalized (O(1) values; the fitted statistics cover ``observation.state`` only)."""
     value_hidden: int = 128
     """Hidden width of the value head."""
     noise_hidden: int = 64

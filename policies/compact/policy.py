@@ -25,14 +25,15 @@ from policies.compact.text import MINILM_DIM, HashedBagOfWords, MiniLMTextEncode
 from policies.flow.policy import FlowContext, FlowHeadDims, FlowPolicy
 from policies.flow.sampler import VelocityOutput
 from policies.io import (
+    OBS_ENV_STATE,
     OBS_STATE,
     TASK,
-    CheckpointError,
+    ObservationError,
     check_observation,
-    config_from_dict,
     config_to_dict,
     image_key,
-    read_checkpoint,
+    load_weights,
+    read_policy_checkpoint,
     write_checkpoint,
 )
 from policies.registry import POLICIES
@@ -60,6 +61,11 @@ class CompactFlowPolicy(FlowPolicy):
             critic_state_dim=c.state_dim + c.env_state_dim if c.env_state_dim else 0,
         )
         super().__init__(c.sampler, c.logp_level, c.value_placement, dims)
+        if c.actor_env_state and c.env_state_dim < 1:
+            raise ValueError(
+                f"{NAME}: actor_env_state needs env_state_dim >= 1 (the size of {OBS_ENV_STATE}, set from an env "
+                "that provides it, e.g. mujoco/pick-any); this env or config has none"
+            )
         self.config = c
         self.minilm: MiniLMTextEncoder | None = None
         self.hashed_text: HashedBagOfWords | None = None
@@ -74,12 +80,17 @@ class CompactFlowPolicy(FlowPolicy):
             c.film,
         )
         self.expert = ActionExpert(
-            c.state_dim, c.action_dim, c.chunk_size, c.width, c.heads, c.expert_layers, c.global_cond
+            c.state_dim + (c.env_state_dim if c.actor_env_state else 0), c.action_dim, c.chunk_size, c.width, c.heads, c.expert_layers, c.global_cond
         )
         self.register_buffer("state_mean", torch.zeros(c.state_dim))
         self.register_buffer("state_std", torch.ones(c.state_dim))
         self.register_buffer("action_mean", torch.zeros(c.action_dim))
         self.register_buffer("action_std", torch.ones(c.action_dim))
+
+    @property
+    def reads_env_state(self) -> bool:  # type: ignore[override]
+        """True with ``actor_env_state`` (the action expert then reads ``observation.env_state``)."""
+        return self.config.actor_env_state
 
     # -- normalization ------------------------------------------------------------------------
     def set_normalization(self, state_mean: Tensor, state_std: Tensor, action_mean: Tensor, action_std: Tensor) -> None:
@@ -125,18 +136,38 @@ class CompactFlowPolicy(FlowPolicy):
         modules = [self.prefix] + ([self.hashed_text] if self.hashed_text is not None else [])
         return [p for m in modules for p in m.parameters()]
 
+    def _actor_env_state(self, obs: dict[str, Any], b: int) -> Tensor:
+        """``observation.env_state`` ``[B, P]`` for the actor (``actor_env_state``), unnormalized.
+
+        Raises:
+            ObservationError: naming the key when it is absent or has the wrong shape.
+        """
+        x = obs.get(OBS_ENV_STATE)
+        if x is None:
+            raise ObservationError(
+                f"{NAME}: actor_env_state reads {OBS_ENV_STATE!r}, which the observation lacks (got {sorted(obs)}); "
+                "use an env that provides it (e.g. mujoco/pick-any) or actor_env_state false"
+            )
+        p = self.config.env_state_dim
+        if not isinstance(x, Tensor) or tuple(x.shape) != (b, p):
+            got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ObservationError(f"{NAME}: {OBS_ENV_STATE} must be float [{b}, {p}], got {got}")
+        return x.float().to(self.device)
+
     def encode(self, obs: dict[str, Any]) -> FlowContext:
         """Check ``obs`` and encode its prefix once; the returned velocity function reuses it.
 
         Raises:
             ObservationError: naming expected keys (``observation.images.<cam>``,
-                ``observation.state``, ``task``) and shapes.
+                ``observation.state``, ``task``, with ``actor_env_state`` ``observation.env_state``) and shapes.
         """
         c = self.config
         b = check_observation(obs, c.cameras, c.image_size, c.state_dim, NAME)
         images = [obs[image_key(cam)].to(self.device) for cam in c.cameras]
         prefix = self.prefix(images, self._text(obs[TASK]))
         state = self._norm_state(obs[OBS_STATE])
+        if c.actor_env_state:
+            state = torch.cat([state, self._actor_env_state(obs, b)], dim=-1)
         memory = self.expert.memory(prefix)  # shared by all denoising steps
 
         def velocity(x_t: Tensor, t: Tensor) -> VelocityOutput:
@@ -201,17 +232,11 @@ class CompactFlowPolicy(FlowPolicy):
         Raises:
             CheckpointError: for a missing file, another policy type, or weights that do not fit.
         """
-        raw, tensors = read_checkpoint(path_or_id)
-        config = config_from_dict(CompactFlowConfig, raw, NAME, str(path_or_id))
-        if overrides:
-            config = replace(config, **overrides)
+        config, tensors = read_policy_checkpoint(CompactFlowConfig, path_or_id, NAME, overrides)
         policy = cls(config)
         if any(k.startswith("noise_net.") for k in tensors):
             policy.configure_sampler(config.sampler, build_noise_net=True)
-        try:
-            policy.load_state_dict(tensors, strict=True)
-        except RuntimeError as e:
-            raise CheckpointError(f"{path_or_id}: weights do not fit {NAME} built from its config: {e}") from e
+        load_weights(policy, tensors, NAME, str(path_or_id))
         return policy
 
 

@@ -68,13 +68,14 @@ class DatasetSpec:
     """S, the size of ``observation.state``; None when the dataset has none."""
     cameras: tuple[str, ...]
     """Camera names, in feature order (features ``observation.images.<cam>``)."""
-    env_state_dim: int | None = None
-    """P, the size of the privileged ``observation.env_state``; None when the dataset has none."""
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     """``(H, W)`` of each camera."""
     extras: tuple[str, ...] = ()
     """Which of ``intervention`` / ``is_intervention``, ``intervention_label``, ``next.reward``, ``next.success``
     the dataset records."""
+    env_state_dim: int | None = None
+    """P, the size of the privileged ``observation.env_state``; None when the dataset has none (recorded by
+    ``vla-rl collect`` since the ``gaussian-mlp`` policy, which reads it)."""
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -107,14 +108,13 @@ class PolicyInputs:
     action_dim: int | None
     """A of ``action``."""
     env_state_dim: int | None = None
-    """P of the privileged ``observation.env_state``, for a policy whose actor reads it; None = not read."""
+    """P of ``observation.env_state`` when the policy's actor reads it (``policy.reads_env_state``), else None."""
 
 
 def policy_inputs(policy: Any) -> PolicyInputs:
     """The inputs of ``policy`` by the conventional field names (``cameras``, ``image_size``, ``state_dim``,
-    ``action_dim``; ``env_state_dim`` only when ``actor_env_state`` is true, so a privileged critic alone does not
-    make a dataset need the privileged state): an attribute of the policy itself wins over the field of its
-    ``config``; a name found in neither is left unchecked (None)."""
+    ``action_dim``): an attribute of the policy itself wins over the field of its ``config``; a name found in
+    neither is left unchecked (None)."""
     config = getattr(policy, "config", None)
 
     def read(name: str) -> Any:
@@ -122,11 +122,11 @@ def policy_inputs(policy: Any) -> PolicyInputs:
         return getattr(config, name, None) if value is None else value
 
     cameras, size, state, action = read("cameras"), read("image_size"), read("state_dim"), read("action_dim")
-    env_state = read("env_state_dim") if read("actor_env_state") else None
+    env_state = read("env_state_dim") if getattr(policy, "reads_env_state", False) else None
     return PolicyInputs(
         cameras=tuple(cameras or ()), image_size=tuple(size) if size else None,  # type: ignore[arg-type]
         state_dim=int(state) if state is not None else None, action_dim=int(action) if action is not None else None,
-        env_state_dim=int(env_state) if env_state else None,
+        env_state_dim=int(env_state) if env_state is not None else None,
     )
 
 
@@ -205,8 +205,10 @@ def check_inputs(spec: DatasetSpec, inputs: PolicyInputs) -> None:
     have = set(spec.env_spec().observation)
     for key in wanted:
         if key not in have:
+            hint = (" (record the dataset again with `vla-rl collect` from an env that provides it, e.g. "
+                    "mujoco/pick-any)" if key == OBS_ENV_STATE else "")
             raise DatasetError(f"{root}: the dataset has no feature {key!r}, which the policy reads "
-                               f"(the dataset's observation features: {sorted(have) or 'none'})")
+                               f"(the dataset's observation features: {sorted(have) or 'none'}){hint}")
 
     def mismatch(key: str, got: tuple[int, ...], want: tuple[int, ...]) -> DatasetError:
         return DatasetError(f"{root}: feature {key!r} has shape {got} in the dataset but the policy expects {want}")
@@ -226,8 +228,8 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
                 split_rule: str = "correction", recovery_steps: int = 5) -> ChunkDataset:
     """Read the frames of the LeRobotDataset at ``root`` that ``inputs`` needs into a :class:`ChunkDataset`.
 
-    Reads the cameras the policy reads (as uint8 ``[N, H, W, 3]``), ``observation.state`` (and the privileged
-    ``observation.env_state`` for a policy whose actor reads it), ``task``,
+    Reads the cameras the policy reads (as uint8 ``[N, H, W, 3]``), ``observation.state``, ``task``,
+    ``observation.env_state`` when the policy's actor reads it,
     ``action``, and ``intervention`` (or ``is_intervention``) / ``intervention_label`` / ``next.reward`` /
     ``next.success`` when recorded; any other feature is ignored. Step labels (``label``): the dataset's
     ``intervention_label`` when it has one; else, with an intervention flag, policy steps and takeovers split
