@@ -117,6 +117,10 @@ class Policy(nn.Module, abc.ABC):
     def fit_normalization(self, states: torch.Tensor, actions: torch.Tensor) -> None:
         """Set state / action normalization from demonstrations (``[N, S]``, ``[N, A]``). Default: none kept."""
 
+    def fit_input_normalization(self, obs: dict[str, Any]) -> None:
+        """Fit input statistics from the demonstrations' observation batch (every frame, the keys the policy
+        reads), for policies whose inputs are more than ``observation.state``. Default: nothing to fit."""
+
     def reset(self) -> None:
         """Forget per-episode state (queued actions, caches). Default: nothing to forget."""
 

@@ -214,6 +214,7 @@ def pretrain(policy: Policy, data: ChunkDataset, cfg: SFTConfig, seed: int = 0, 
     """
     gen = torch.Generator().manual_seed(seed)
     policy.fit_normalization(*data.normalization_data())
+    policy.fit_input_normalization(data.obs)
     updater = SFTUpdater(policy, cfg, generator=gen)
     policy.train()
     losses: list[float] = []

@@ -25,6 +25,10 @@ class GaussianMLPConfig:
     """Hidden widths of the actor MLP and, separately, of the critic MLP."""
     init_log_std: float = -0.5
     """Initial log standard deviation of every action dimension (a learned, state-independent parameter)."""
+    normalize_inputs: bool = True
+    """SFT fits the input mean / std from the demos' frames (``fit_input_normalization``); false = raw inputs."""
+    input_std_min: float = 0.01
+    """Floor of the fitted input std (a dim the demos barely move is scaled at most by its inverse)."""
     actor_out_gain: float = 0.01
     """Orthogonal-init gain of the actor's last layer (cleanrl: 0.01, so the first means sit near 0)."""
     critic_out_gain: float = 1.0

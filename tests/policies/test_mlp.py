@@ -123,10 +123,21 @@ def test_save_load_roundtrip_gives_identical_actions(tmp_path) -> None:
     assert torch.equal(policy.act(obs, ActMode.EVAL).actions, loaded.act(obs, ActMode.EVAL).actions)
 
 
-def test_fit_normalization_keeps_the_identity() -> None:
+def test_fit_normalization_keeps_the_identity_and_the_input_fit_standardizes_with_a_floor() -> None:
     policy = mlp_policy()
     policy.fit_normalization(torch.randn(50, S) * 5 + 3, torch.randn(50, A))
     assert torch.equal(policy.input_mean, torch.zeros(S + P)) and torch.equal(policy.input_std, torch.ones(S + P))
+    obs = make_obs(b=400, seed=3)
+    obs["observation.state"] = obs["observation.state"] * 0.02 + 0.3  # centimetre-scale spread around 0.3 m
+    obs["observation.env_state"][:, 0] = 0.02  # a dim the demos never move
+    policy.fit_input_normalization(obs)
+    x = policy.inputs(obs)
+    assert torch.allclose(x[:, :S].mean(0), torch.zeros(S), atol=1e-4)
+    assert torch.allclose(x[:, :S].std(0), torch.ones(S), atol=1e-3)
+    assert policy.input_std[S] == pytest.approx(0.01)  # floored, not 0
+    raw = mlp_policy(normalize_inputs=False)
+    raw.fit_input_normalization(obs)
+    assert torch.equal(raw.input_std, torch.ones(S + P))
 
 
 def test_behaviour_cloning_loss_decreases_and_ignores_masked_steps() -> None:
