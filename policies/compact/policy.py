@@ -22,7 +22,7 @@ from torch import Tensor
 from policies.compact.config import CompactFlowConfig, TextEncoderKind
 from policies.compact.modules import ActionExpert, PrefixEncoder, flow_matching_loss
 from policies.compact.text import MINILM_DIM, HashedBagOfWords, MiniLMTextEncoder
-from policies.flow.policy import LATENT_ACTOR, NOISE_NET, SAMPLER_HEADS, FlowContext, FlowHeadDims, FlowPolicy
+from policies.flow.policy import SAMPLER_HEADS, FlowContext, FlowHeadDims, FlowPolicy
 from policies.flow.sampler import VelocityOutput
 from policies.io import (
     OBS_STATE,
@@ -206,10 +206,7 @@ class CompactFlowPolicy(FlowPolicy):
         if overrides:
             config = replace(config, **overrides)
         policy = cls(config)
-        policy.configure_sampler(
-            config.sampler, build_noise_net=any(k.startswith(f"{NOISE_NET}.") for k in tensors),
-            build_latent_actor=any(k.startswith(f"{LATENT_ACTOR}.") for k in tensors),
-        )
+        policy.build_saved_sampler_heads(tensors, str(path_or_id))
         try:
             missing, unexpected = policy.load_state_dict(tensors, strict=False)
             fresh = [k for k in missing if not k.startswith(SAMPLER_HEADS)]  # a new sampler's head starts fresh

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from policies.base import LogProbLevel
-from policies.flow.policy import LATENT_ACTOR, NOISE_NET, SAMPLER_HEADS, FlowContext, FlowHeadDims, FlowPolicy
+from policies.flow.policy import SAMPLER_HEADS, FlowContext, FlowHeadDims, FlowPolicy
 from policies.flow.sampler import SamplerConfig, VelocityOutput
 from policies.flow.tokenizer import TOKENIZER_DIR, local_hub_tokenizer, saved_tokenizer, tokenizer_repo_id
 from policies.flow.value import ValuePlacement
@@ -456,10 +456,7 @@ class LeRobotFlowPolicy(FlowPolicy):
         from safetensors.torch import load_file
 
         tensors = load_file(str(path), device=str(self.device))
-        self.configure_sampler(
-            self.sampler, build_noise_net=any(k.startswith(f"{NOISE_NET}.") for k in tensors),
-            build_latent_actor=any(k.startswith(f"{LATENT_ACTOR}.") for k in tensors),
-        )
+        self.build_saved_sampler_heads(tensors, str(path))
         own = {k for k in self.state_dict() if k.startswith(_HEADS)}
         fresh = {k for k in own - set(tensors) if k.startswith(SAMPLER_HEADS)}  # a new sampler's head starts fresh
         if set(tensors) != own - fresh:

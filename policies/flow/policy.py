@@ -11,6 +11,7 @@ for the compact policy and the LeRobot adapters.
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from policies.base import ActMode, ActOutput, LogProbLevel, Policy, reduce_logp
-from policies.io import OBS_ENV_STATE, OBS_STATE, ObservationError
+from policies.io import OBS_ENV_STATE, OBS_STATE, CheckpointError, ObservationError
 from policies.flow.latent import EXTRA_LATENT, LatentNoiseActor, latent_noise_log_prob
 from policies.flow.sampler import (
     NoiseNet,
@@ -183,6 +184,23 @@ class FlowPolicy(Policy):
                 self.latent_actor.to(ref.device)
         if self.latent_actor is not None:
             self.latent_actor.set_bound(self.sampler.latent_bound)
+
+    def build_saved_sampler_heads(self, tensors: Mapping[str, Tensor], where: str) -> None:
+        """Build the sampler heads that checkpoint ``tensors`` hold, so that they load (call before loading).
+
+        Raises:
+            CheckpointError: naming ``sampler.latent_hidden`` when the saved latent actor has another width.
+        """
+        width = tensors.get(f"{LATENT_ACTOR}.net.0.weight")
+        if width is not None and width.shape[0] != self.sampler.latent_hidden:
+            raise CheckpointError(
+                f"{where}: the saved latent-noise actor is {width.shape[0]} wide but sampler.latent_hidden is "
+                f"{self.sampler.latent_hidden}; pass the checkpoint's latent_hidden"
+            )
+        self.configure_sampler(
+            self.sampler, build_noise_net=any(k.startswith(f"{NOISE_NET}.") for k in tensors),
+            build_latent_actor=width is not None,
+        )
 
     def actor_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters trained by the policy loss.
