@@ -218,7 +218,7 @@ def test_ppo_on_the_latent_noise_learns_a_bandit_and_leaves_the_flow_model_alone
     assert all(not torch.equal(p, actor[n]) for n, p in policy.latent_actor.named_parameters())
 
 
-def test_vla_rl_train_switches_a_flow_sde_checkpoint_to_latent_noise(tmp_path: Path) -> None:
+def test_vla_rl_train_switches_a_flow_sde_checkpoint_to_latent_noise(tmp_path: Path, capsys) -> None:
     """``vla-rl train --policy.path <flow_sde policy> --policy.sampler.kind latent_noise``: the rest of the saved
     sampler is kept, the actor exists before the optimizer, and only it (and the critic) changes."""
     from safetensors.torch import load_file
@@ -236,6 +236,7 @@ def test_vla_rl_train_switches_a_flow_sde_checkpoint_to_latent_noise(tmp_path: P
     run(["train", *state_only, "--policy.path", str(tmp_path / "base"), "--policy.sampler.kind", "latent_noise",
          "--policy.sampler.latent_hidden", "16", "--iterations", "2", "--algo.critic_warmup_iters", "0",
          "--run_dir", str(tmp_path / "run")])
+    assert "(kind='flow_sde' -> 'latent_noise', latent_hidden=256 -> 16)" in capsys.readouterr().out
     folder = tmp_path / "run" / "checkpoints" / "iter_000002" / "policy"
     saved = json.loads((folder / "config.json").read_text())["sampler"]
     assert (saved["kind"], saved["sde_mode"], saved["latent_hidden"]) == ("latent_noise", "full_chain", 16)
