@@ -279,14 +279,19 @@ def read_policy_checkpoint(
     return (dataclasses.replace(config, **overrides) if overrides else config), tensors  # type: ignore[type-var]
 
 
-def load_weights(policy: torch.nn.Module, tensors: dict[str, torch.Tensor], type_name: str, where: str) -> None:
-    """Load ``tensors`` into ``policy`` (strict).
+def load_weights(policy: torch.nn.Module, tensors: dict[str, torch.Tensor], type_name: str, where: str,
+                 fresh_ok: tuple[str, ...] = ()) -> None:
+    """Load ``tensors`` into ``policy``: every key must fit, except that parameters under a prefix in
+    ``fresh_ok`` (a sampler's head new to this checkpoint) may be missing and keep their fresh initialization.
 
     Raises:
         CheckpointError: naming ``where`` when the weights do not fit the policy built from its config.
     """
     try:
-        policy.load_state_dict(tensors, strict=True)
+        missing, unexpected = policy.load_state_dict(tensors, strict=False)
+        missing = [k for k in missing if not (fresh_ok and k.startswith(fresh_ok))]
+        if missing or unexpected:
+            raise RuntimeError(f"missing keys {missing[:4]}, unexpected keys {unexpected[:4]}")
     except RuntimeError as e:
         raise CheckpointError(f"{where}: weights do not fit {type_name} built from its config: {e}") from e
 

@@ -86,7 +86,10 @@ def note_sampler_change(path: str, sampler: Any) -> None:
         return
     saved = checkpoint_config(path).get("sampler")
     mine = json.loads(json.dumps(draccus.encode(sampler)))  # encoded as checkpoints save their config
-    if isinstance(saved, dict) and saved != mine:
-        changed = ", ".join(f"{k}={saved.get(k)!r} -> {v!r}" for k, v in mine.items() if saved.get(k) != v)
+    if not isinstance(saved, dict):
+        return
+    # fields the checkpoint predates are not a change (a sampler field added since it was saved)
+    changed = ", ".join(f"{k}={saved[k]!r} -> {v!r}" for k, v in mine.items() if k in saved and saved[k] != v)
+    if changed:
         print(f"note: policy.path {path}: sampling with another policy.sampler than the checkpoint was saved "
               f"with ({changed})", flush=True)

@@ -22,7 +22,7 @@ from torch import Tensor
 from policies.compact.config import CompactFlowConfig, TextEncoderKind
 from policies.compact.modules import ActionExpert, PrefixEncoder, flow_matching_loss
 from policies.compact.text import MINILM_DIM, HashedBagOfWords, MiniLMTextEncoder
-from policies.flow.policy import FlowContext, FlowHeadDims, FlowPolicy
+from policies.flow.policy import SAMPLER_HEADS, FlowContext, FlowHeadDims, FlowPolicy
 from policies.flow.sampler import VelocityOutput
 from policies.io import (
     OBS_ENV_STATE,
@@ -58,7 +58,7 @@ class CompactFlowPolicy(FlowPolicy):
         dims = FlowHeadDims(
             expert_dim=c.width, prefix_dim=c.width, model_action_dim=c.action_dim, action_dim=c.action_dim,
             horizon=c.chunk_size, value_hidden=c.value_hidden, noise_hidden=c.noise_hidden,
-            critic_state_dim=c.state_dim + c.env_state_dim if c.env_state_dim else 0,
+            critic_state_dim=c.state_dim + c.env_state_dim if c.env_state_dim else 0, state_dim=c.state_dim,
         )
         super().__init__(c.sampler, c.logp_level, c.value_placement, dims)
         if c.actor_env_state and c.env_state_dim < 1:
@@ -174,7 +174,7 @@ class CompactFlowPolicy(FlowPolicy):
             v, features = self.expert(state, x_t, t, memory)
             return VelocityOutput(velocity=v, features=features)
 
-        return FlowContext(velocity=velocity, batch_size=b, prefix_features=prefix)
+        return FlowContext(velocity=velocity, batch_size=b, prefix_features=prefix, state=state)
 
     def sft_loss(self, obs: dict[str, Any], actions: Tensor, action_mask: Tensor | None = None) -> Tensor:
         """Supervised flow-matching loss on demonstrations (pre-training, SFT).
@@ -215,7 +215,7 @@ class CompactFlowPolicy(FlowPolicy):
         """Atomically write ``config.json`` (``"type": "compact-flow"``) and ``model.safetensors``.
 
         The weights include the normalization statistics and, if built, the
-        Flow-Noise net; the frozen MiniLM encoder is not saved (it ships with its package).
+        Flow-Noise net and the latent-noise actor; the frozen MiniLM encoder is not saved (it ships with its package).
         """
         config = replace(self.config, sampler=replace(self.sampler))
         write_checkpoint(directory, config_to_dict(config, NAME), self.state_dict())
@@ -234,9 +234,8 @@ class CompactFlowPolicy(FlowPolicy):
         """
         config, tensors = read_policy_checkpoint(CompactFlowConfig, path_or_id, NAME, overrides)
         policy = cls(config)
-        if any(k.startswith("noise_net.") for k in tensors):
-            policy.configure_sampler(config.sampler, build_noise_net=True)
-        load_weights(policy, tensors, NAME, str(path_or_id))
+        policy.build_saved_sampler_heads(tensors, str(path_or_id))
+        load_weights(policy, tensors, NAME, str(path_or_id), fresh_ok=SAMPLER_HEADS)
         return policy
 
 

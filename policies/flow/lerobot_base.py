@@ -19,7 +19,7 @@ docs/policies.md, "Loading a vla-rl checkpoint in LeRobot"):
 - ``policy_preprocessor*.json|safetensors``, ``policy_postprocessor*``: LeRobot's processors;
 - ``tokenizer/``: the language tokenizer, so the folder reloads offline;
 - ``vla_rl_policy.json``: our adapter config; ``vla_rl_heads.safetensors``:
-  value head and Flow-Noise net.
+  value head, Flow-Noise net and latent-noise actor.
 
 :meth:`LeRobotFlowPolicy.from_pretrained` loads such a folder, a plain LeRobot
 checkpoint folder, or a Hub id (``lerobot/pi0_base``, ``lerobot/pi05_base``,
@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from policies.base import LogProbLevel
-from policies.flow.policy import FlowContext, FlowHeadDims, FlowPolicy
+from policies.flow.policy import SAMPLER_HEADS, FlowContext, FlowHeadDims, FlowPolicy
 from policies.flow.sampler import SamplerConfig, VelocityOutput
 from policies.flow.tokenizer import TOKENIZER_DIR, local_hub_tokenizer, saved_tokenizer, tokenizer_repo_id
 from policies.flow.value import ValuePlacement
@@ -117,6 +117,10 @@ class _Prefix:
     state: Tensor | None
 
 
+_HEADS = ("value_head.", *SAMPLER_HEADS)
+"""State-dict prefixes of our RL heads, saved in ``vla_rl_heads.safetensors``."""
+
+
 def _state_dim(lr_cfg: Any) -> int:
     """Size of the robot state the LeRobot model reads (0 if it reads none)."""
     feature = lr_cfg.input_features.get(OBS_STATE)
@@ -157,6 +161,7 @@ class LeRobotFlowPolicy(FlowPolicy):
             value_hidden=config.value_hidden,
             noise_hidden=config.noise_hidden,
             critic_state_dim=_state_dim(lr_cfg) + config.env_state_dim if config.env_state_dim else 0,
+            state_dim=_state_dim(lr_cfg),
         )
         super().__init__(config.sampler, config.logp_level, config.value_placement, dims)
         self.config = config
@@ -174,7 +179,7 @@ class LeRobotFlowPolicy(FlowPolicy):
         shapes = {tuple(f.shape[1:]) for f in lr_cfg.image_features.values()}
         self.image_size = shapes.pop() if len(shapes) == 1 else None
         self.state_dim = lr_cfg.robot_state_feature.shape[0]
-        if self.value_head is not None or self.noise_net is not None:
+        if self.value_head is not None or self.noise_net is not None or self.latent_actor is not None:
             self.to(next(lerobot_policy.parameters()).device)
         if parts.heads is not None:
             self._load_heads(parts.heads)
@@ -218,7 +223,9 @@ class LeRobotFlowPolicy(FlowPolicy):
     def encode(self, obs: dict[str, Any]) -> FlowContext:
         """Preprocess with LeRobot's pipeline, encode the prefix once, return the velocity function."""
         batch, b = self.to_lerobot_batch(obs)
-        prefix = self._encode_prefix(self.preprocessor(batch))
+        processed = self.preprocessor(batch)
+        prefix = self._encode_prefix(processed)
+        state = processed.get(OBS_STATE)  # normalized by LeRobot's processor; the latent-noise actor reads it
 
         def velocity(x_t: Tensor, t: Tensor) -> VelocityOutput:
             self._features = None
@@ -226,7 +233,7 @@ class LeRobotFlowPolicy(FlowPolicy):
             return VelocityOutput(velocity=v, features=self._features)
 
         return FlowContext(velocity=velocity, batch_size=b, prefix_features=prefix.features,
-                           prefix_mask=prefix.pad_masks)
+                           prefix_mask=prefix.pad_masks, state=None if state is None else state.float())
 
     def actions_to_env(self, actions: Tensor) -> Tensor:
         """Unnormalize model-space actions ``[B, H, A]`` with LeRobot's postprocessor."""
@@ -293,7 +300,7 @@ class LeRobotFlowPolicy(FlowPolicy):
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Atomically write a LeRobot checkpoint plus tokenizer, adapter config and RL heads (module doc)."""
-        heads = {k: v for k, v in self.state_dict().items() if k.startswith(("value_head.", "noise_net."))}
+        heads = {k: v for k, v in self.state_dict().items() if k.startswith(_HEADS)}
         config = replace(self.config, sampler=replace(self.sampler))
         with atomic_directory(directory) as tmp:
             self.lerobot.save_pretrained(tmp)
@@ -449,10 +456,10 @@ class LeRobotFlowPolicy(FlowPolicy):
         from safetensors.torch import load_file
 
         tensors = load_file(str(path), device=str(self.device))
-        if any(k.startswith("noise_net.") for k in tensors):
-            self.configure_sampler(self.sampler, build_noise_net=True)
-        own = {k for k in self.state_dict() if k.startswith(("value_head.", "noise_net."))}
-        if set(tensors) != own:
+        self.build_saved_sampler_heads(tensors, str(path))
+        own = {k for k in self.state_dict() if k.startswith(_HEADS)}
+        fresh = {k for k in own - set(tensors) if k.startswith(SAMPLER_HEADS)}  # a new sampler's head starts fresh
+        if set(tensors) != own - fresh:
             raise CheckpointError(
                 f"{path}: RL heads {sorted(set(tensors) ^ own)[:4]} do not match the adapter config "
                 f"(value_placement={self.value_placement.value}); pass the config the checkpoint was saved with"

@@ -4,13 +4,14 @@ A subclass owns its model and implements :meth:`FlowPolicy.encode`: validate
 and encode an observation batch once (image + language prefix, KV cache...) and
 return a :class:`FlowContext` whose velocity function runs one action-expert
 pass. Everything RL-specific (samplers, log-probs at the configured level,
-value head placement, Flow-Noise net) lives here, identical for the compact
-policy and the LeRobot adapters.
+value head placement, Flow-Noise net, latent-noise actor) lives here, identical
+for the compact policy and the LeRobot adapters.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +19,8 @@ import torch
 from torch import Tensor
 
 from policies.base import ActMode, ActOutput, LogProbLevel, Policy, reduce_logp
-from policies.io import OBS_ENV_STATE, OBS_STATE, ObservationError
+from policies.io import OBS_ENV_STATE, OBS_STATE, CheckpointError, ObservationError
+from policies.flow.latent import EXTRA_LATENT, LatentNoiseActor, latent_noise_log_prob
 from policies.flow.sampler import (
     NoiseNet,
     SamplerConfig,
@@ -28,6 +30,13 @@ from policies.flow.sampler import (
     sample_chain,
 )
 from policies.flow.value import StateValueHead, ValueHead, ValuePlacement, mean_pool_tokens
+
+
+NOISE_NET = "noise_net"
+LATENT_ACTOR = "latent_actor"
+SAMPLER_HEADS = (f"{NOISE_NET}.", f"{LATENT_ACTOR}.")
+"""State-dict prefixes of the sampler heads built on first use: a checkpoint saved before its sampler was switched
+lacks them, and loading it with the new sampler starts them fresh (the Flow-Noise net, the latent-noise actor)."""
 
 
 @dataclass
@@ -41,6 +50,8 @@ class FlowContext:
         prefix_mask: ``[B, N]`` bool, valid prefix tokens (None: all valid).
         critic_state: ``[B, D]`` ``[observation.state, observation.env_state]`` for the ``state`` critic
             (filled in by :class:`FlowPolicy`, not by ``encode``).
+        state: ``[B, S]`` the robot state as the model reads it (normalized), or None; with the pooled prefix
+            it conditions the latent-noise actor.
     """
 
     velocity: VelocityFn
@@ -48,6 +59,7 @@ class FlowContext:
     prefix_features: Tensor | None = None
     prefix_mask: Tensor | None = None
     critic_state: Tensor | None = None
+    state: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class FlowHeadDims:
         value_hidden: hidden width of the value head.
         noise_hidden: hidden width of the Flow-Noise net.
         critic_state_dim: size of ``[observation.state, observation.env_state]`` (the ``state`` critic's input).
+        state_dim: S of :attr:`FlowContext.state` (the latent-noise actor's state input; 0: none).
     """
 
     expert_dim: int
@@ -73,6 +86,7 @@ class FlowHeadDims:
     value_hidden: int = 128
     noise_hidden: int = 128
     critic_state_dim: int = 0
+    state_dim: int = 0
 
 
 class FlowPolicy(Policy):
@@ -100,6 +114,7 @@ class FlowPolicy(Policy):
         self.value_placement = ValuePlacement(value_placement)
         self.sampler = sampler
         self.noise_net: NoiseNet | None = None
+        self.latent_actor: LatentNoiseActor | None = None
         self.value_head: ValueHead | StateValueHead | None = None
         if self.value_placement is ValuePlacement.STATE:
             if dims.critic_state_dim < 1:
@@ -136,25 +151,70 @@ class FlowPolicy(Policy):
         """Device of the policy's parameters."""
         return next(self.parameters()).device
 
-    def configure_sampler(self, sampler: SamplerConfig, build_noise_net: bool = False) -> None:
+    def configure_sampler(
+        self, sampler: SamplerConfig, build_noise_net: bool = False, build_latent_actor: bool = False
+    ) -> None:
         """Switch the exploration sampler.
 
         The Flow-Noise std net is built on first use of ``FLOW_NOISE`` (or when
         ``build_noise_net``, e.g. to load a checkpoint that has one) and kept afterwards;
-        its std bounds follow ``sampler``. Build the policy with the sampler you train
-        with, so that an optimizer created afterwards sees the noise net's parameters.
+        its std bounds follow ``sampler``. Likewise the latent-noise actor on first use of
+        ``LATENT_NOISE`` (or when ``build_latent_actor``); its mean bound follows ``sampler``.
+        Build the policy with the sampler you train with, so that an optimizer created
+        afterwards sees the new head's parameters.
         """
         self.sampler = replace(sampler)
+        ref = next((p for p in self.parameters() if p is not None), None)
+        d = self.dims
         if (build_noise_net or self.sampler.kind is SamplerKind.FLOW_NOISE) and self.noise_net is None:
-            d = self.dims
             self.noise_net = NoiseNet(
                 d.expert_dim, d.model_action_dim, d.noise_hidden, self.sampler.noise_min_std, self.sampler.noise_max_std
             )
-            ref = next((p for p in self.parameters() if p is not None), None)
             if ref is not None:
                 self.noise_net.to(ref.device)
         if self.noise_net is not None:
             self.noise_net.set_bounds(self.sampler.noise_min_std, self.sampler.noise_max_std)
+        if (build_latent_actor or self.sampler.kind is SamplerKind.LATENT_NOISE) and self.latent_actor is None:
+            s = self.sampler
+            self.latent_actor = LatentNoiseActor(
+                d.prefix_dim, d.state_dim, d.horizon, d.model_action_dim, s.latent_hidden, s.latent_bound,
+                s.latent_std_init,
+            )
+            if ref is not None:
+                self.latent_actor.to(ref.device)
+        if self.latent_actor is not None:
+            self.latent_actor.set_bound(self.sampler.latent_bound)
+
+    def build_saved_sampler_heads(self, tensors: Mapping[str, Tensor], where: str) -> None:
+        """Build the sampler heads that checkpoint ``tensors`` hold, so that they load (call before loading).
+
+        Raises:
+            CheckpointError: naming ``sampler.latent_hidden`` when the saved latent actor has another width.
+        """
+        width = tensors.get(f"{LATENT_ACTOR}.net.0.weight")
+        if width is not None and width.shape[0] != self.sampler.latent_hidden:
+            raise CheckpointError(
+                f"{where}: the saved latent-noise actor is {width.shape[0]} wide but sampler.latent_hidden is "
+                f"{self.sampler.latent_hidden}; pass the checkpoint's latent_hidden"
+            )
+        self.configure_sampler(
+            self.sampler, build_noise_net=any(k.startswith(f"{NOISE_NET}.") for k in tensors),
+            build_latent_actor=width is not None,
+        )
+
+    def actor_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters trained by the policy loss.
+
+        With the ``latent_noise`` sampler only the latent-noise actor's: the flow model is frozen (DSRL).
+        Otherwise every trainable parameter that is not the critic's (or the unused latent actor's).
+        """
+        if self.sampler.kind is SamplerKind.LATENT_NOISE:
+            assert self.latent_actor is not None  # built by configure_sampler
+            return [p for p in self.latent_actor.parameters() if p.requires_grad]
+        skip = {id(p) for p in self.critic_parameters()}
+        if self.latent_actor is not None:
+            skip |= {id(p) for p in self.latent_actor.parameters()}
+        return [p for p in self.parameters() if p.requires_grad and id(p) not in skip]
 
     def _noise(self, batch: int, generator: torch.Generator | None) -> Tensor:
         shape = (batch, self.dims.horizon, self.dims.model_action_dim)
@@ -185,20 +245,35 @@ class FlowPolicy(Policy):
     def _value(self, ctx: FlowContext) -> Tensor | None:
         if self.value_head is None:
             return None
+        return self.value_head(self._value_input(ctx))
+
+    def _value_input(self, ctx: FlowContext) -> Tensor:
+        """What the value head reads for the configured placement, ``[B, D]``."""
         if self.value_placement is ValuePlacement.STATE:
             if ctx.critic_state is None:
                 raise ValueError(f"{type(self).__name__}: value placement 'state' needs the critic state")
-            return self.value_head(ctx.critic_state)
+            return ctx.critic_state
         if self.value_placement is ValuePlacement.PREFIX:
-            if ctx.prefix_features is None:
-                raise ValueError(f"{type(self).__name__}: value placement 'prefix' needs prefix features")
-            return self.value_head(mean_pool_tokens(ctx.prefix_features, ctx.prefix_mask))
+            return self._pooled_prefix(ctx, "value placement 'prefix'")
         x = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
         t = torch.ones(ctx.batch_size, device=self.device)
         features = ctx.velocity(x, t).features
         if features is None:
             raise ValueError(f"{type(self).__name__}: value placement 'expert' needs action-expert features")
-        return self.value_head(features.float().mean(1))
+        return features.float().mean(1)
+
+    def _pooled_prefix(self, ctx: FlowContext, reader: str) -> Tensor:
+        """The masked mean of the prefix features ``[B, D_prefix]``; ``reader`` names who needs it in errors."""
+        if ctx.prefix_features is None:
+            raise ValueError(f"{type(self).__name__}: {reader} needs prefix features")
+        return mean_pool_tokens(ctx.prefix_features, ctx.prefix_mask)
+
+    def _latent(self, ctx: FlowContext) -> tuple[Tensor, Tensor]:
+        """The latent-noise actor's ``(mean [B, H, A_model], std [H, A_model])`` for encoded observations."""
+        assert self.latent_actor is not None  # built by configure_sampler
+        cond = self._pooled_prefix(ctx, "the latent_noise sampler").detach()
+        state = None if ctx.state is None else ctx.state.detach()
+        return self.latent_actor(cond, state)
 
     def _reduce(self, elementwise: Tensor) -> Tensor:
         return reduce_logp(elementwise[..., : self.dims.action_dim], self.logp_level)
@@ -230,13 +305,13 @@ class FlowPolicy(Policy):
         """
         mode = ActMode(mode)
         kind = SamplerKind.ODE if mode is ActMode.EVAL else self.sampler.kind
+        if self.sampler.kind is SamplerKind.LATENT_NOISE:
+            return self._act_latent(obs, mode, generator, noise)
         with torch.no_grad():
             ctx = self._context(obs)
             if noise is None:
                 noise = self._noise(ctx.batch_size, generator)
-            want = (ctx.batch_size, self.dims.horizon, self.dims.model_action_dim)
-            if tuple(noise.shape) != want:
-                raise ValueError(f"noise must be [B, H, A_model] = {list(want)}, got {list(noise.shape)}")
+            self._check_noise(noise, ctx)
             sample = sample_chain(
                 ctx.velocity,
                 noise.to(self.device, torch.float32),
@@ -250,6 +325,40 @@ class FlowPolicy(Policy):
             actions = self.actions_to_env(sample.actions[..., : self.dims.action_dim])
         return ActOutput(actions=actions, logp=self._reduce(sample.logp), value=value, extras=sample.extras)
 
+    def _check_noise(self, noise: Tensor, ctx: FlowContext) -> None:
+        want = (ctx.batch_size, self.dims.horizon, self.dims.model_action_dim)
+        if tuple(noise.shape) != want:
+            raise ValueError(f"noise must be [B, H, A_model] = {list(want)}, got {list(noise.shape)}")
+
+    def _act_latent(
+        self, obs: dict[str, Any], mode: ActMode, generator: torch.Generator | None, noise: Tensor | None
+    ) -> ActOutput:
+        """``act`` with the latent-noise sampler: ``x_1`` from the noise actor, then the frozen model's ODE.
+
+        ``EXPLORE`` draws ``x_1 = mean + std * eps`` with ``eps`` the ``noise`` argument or ``N(0, I)`` (drawn
+        as the other samplers draw ``x_1``, so at the actor's start it is the same sample); ``EVAL`` takes
+        ``x_1 = mean``.
+        """
+        with torch.no_grad():
+            ctx = self._context(obs)
+            mean, std = self._latent(ctx)
+            if mode is ActMode.EVAL:
+                if noise is not None:
+                    raise ValueError("act(EVAL) with the latent_noise sampler starts from the noise actor's mean; "
+                                     "it takes no noise")
+                x1 = mean
+            else:
+                eps = self._noise(ctx.batch_size, generator) if noise is None else noise
+                self._check_noise(eps, ctx)
+                x1 = mean + std * eps.to(self.device, torch.float32)
+            sample = sample_chain(ctx.velocity, x1, self.sampler, SamplerKind.ODE, dim_mask=self.action_dim_mask)
+            actions = self.actions_to_env(sample.actions[..., : self.dims.action_dim])
+            if mode is ActMode.EVAL:
+                return ActOutput(actions=actions, logp=self._reduce(sample.logp), value=None, extras={})
+            logp, _ = latent_noise_log_prob(x1, mean, std, self.action_dim_mask)
+            value = self._value(ctx)
+        return ActOutput(actions=actions, logp=self._reduce(logp), value=value, extras={EXTRA_LATENT: x1})
+
     def evaluate(
         self, obs: dict[str, Any], extras: dict[str, Tensor]
     ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -261,6 +370,8 @@ class FlowPolicy(Policy):
         Raises:
             KeyError: naming missing extras keys; ValueError for a mismatched chain.
         """
+        if self.sampler.kind is SamplerKind.LATENT_NOISE:
+            return self._evaluate_latent(obs, extras)
         ctx = self._context(obs)
         if self.sampler.kind is SamplerKind.ODE:
             zeros = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
@@ -271,6 +382,23 @@ class FlowPolicy(Policy):
             dim_mask=self.action_dim_mask,
         )
         return self._reduce(logp), self._reduce(entropy), self._value(ctx)
+
+    def _evaluate_latent(
+        self, obs: dict[str, Any], extras: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Re-score ``x_1``: the frozen flow model runs without gradient; the latent actor and critic get one."""
+        if EXTRA_LATENT not in extras:
+            raise KeyError(f"extras lack {EXTRA_LATENT!r} (the latent_noise sampler's x_1); got keys {sorted(extras)}. "
+                           "Pass the extras returned by act(mode=EXPLORE) with the same sampler.")
+        with torch.no_grad():
+            ctx = self._context(obs)
+            value_in = None if self.value_head is None else self._value_input(ctx)
+        x1 = extras[EXTRA_LATENT].to(self.device, torch.float32)
+        self._check_noise(x1, ctx)
+        mean, std = self._latent(ctx)
+        logp, entropy = latent_noise_log_prob(x1, mean, std, self.action_dim_mask)
+        value = None if value_in is None else self.value_head(value_in)
+        return self._reduce(logp), self._reduce(entropy), value
 
     def value(self, obs: dict[str, Any]) -> Tensor:
         """Critic estimate ``[B]``.

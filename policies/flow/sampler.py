@@ -14,6 +14,10 @@ the same for the compact policy and the LeRobot adapters:
 - ``FLOW_NOISE``: every step keeps the ODE mean and adds learned noise
   (:class:`NoiseNet` on the action-expert features); the log-prob is
   ``(log N(x_1; 0, I) + sum_k log p_k) / (K + 1)``.
+- ``LATENT_NOISE``: the flow model is frozen and the chain is the ODE; a small
+  actor (:mod:`policies.flow.latent`, driven by :class:`policies.flow.policy.FlowPolicy`)
+  chooses the initial noise ``x_1`` and the log-prob is that of ``x_1``. This
+  loop only runs its ODE (call it with ``kind=ODE``).
 
 Log-probs here are elementwise ``[B, H, A]`` (in the model's normalized action
 space); policies reduce them with :func:`policies.base.reduce_logp`. What
@@ -42,16 +46,25 @@ from policies.flow.sde import (
     uniform_schedule,
 )
 
+_LATENT_CHAIN = (
+    "the latent_noise sampler denoises with the ODE (kind=ode) from the noise actor's x_1 and scores x_1 alone "
+    "(policies.flow.latent); there is no chain to sample or score"
+)
 EXTRA_CHAIN = "flow.chain"
 EXTRA_STEP = "flow.step"
 
 
 class SamplerKind(str, enum.Enum):
-    """Which stochastic sampler ``act(mode=EXPLORE)`` uses (``EVAL`` is always ``ODE``)."""
+    """Which stochastic sampler ``act(mode=EXPLORE)`` uses.
+
+    ``EVAL`` runs the ODE from ``x_1 ~ N(0, I)`` for every kind but ``LATENT_NOISE``, whose ``EVAL`` runs the
+    ODE from the noise actor's mean (DSRL's deterministic policy).
+    """
 
     ODE = "ode"
     FLOW_SDE = "flow_sde"
     FLOW_NOISE = "flow_noise"
+    LATENT_NOISE = "latent_noise"
 
 
 class SdeMode(str, enum.Enum):
@@ -73,7 +86,8 @@ class SamplerConfig:
     """Denoising-loop settings shared by all flow policies."""
 
     kind: SamplerKind = SamplerKind.FLOW_SDE
-    """Sampler used by ``act(mode=EXPLORE)``: ode, flow_sde or flow_noise."""
+    """Sampler used by ``act(mode=EXPLORE)``: ode, flow_sde, flow_noise, or latent_noise (the flow model
+    frozen, a small actor chooses the initial noise x_1; DSRL trained on-policy)."""
     num_steps: int = 4
     """K, the number of denoising steps (uniform schedule from t=1 to t=0)."""
     noise_level: float = 0.5
@@ -86,6 +100,14 @@ class SamplerConfig:
     """Flow-Noise: lower bound of the learned std (log-variance >= log min^2)."""
     noise_max_std: float = 0.16
     """Flow-Noise: upper bound of the learned std (log-variance <= log max^2)."""
+    latent_std_init: float = 1.0
+    """Latent-noise: initial std of the noise actor's Gaussian over x_1 (used when the actor is built; 1.0 samples
+    exactly the base policy's N(0, I) noise, so RL starts from the base policy)."""
+    latent_bound: float = 2.0
+    """Latent-noise: the noise actor's mean is latent_bound * tanh(.), so x_1 stays near where the flow model was
+    trained (DSRL bounds it to about 1-2 standard deviations)."""
+    latent_hidden: int = 256
+    """Latent-noise: width of the noise actor's two hidden layers (used when the actor is built)."""
 
     def __post_init__(self) -> None:
         self.kind = SamplerKind(self.kind)
@@ -98,6 +120,11 @@ class SamplerConfig:
         if not 0 < self.noise_min_std <= self.noise_max_std:
             raise ValueError(
                 f"sampler needs 0 < noise_min_std <= noise_max_std, got {self.noise_min_std}, {self.noise_max_std}"
+            )
+        if self.latent_std_init <= 0 or self.latent_bound <= 0 or self.latent_hidden < 1:
+            raise ValueError(
+                "sampler needs latent_std_init > 0, latent_bound > 0 and latent_hidden >= 1, got "
+                f"{self.latent_std_init}, {self.latent_bound}, {self.latent_hidden}"
             )
 
 
@@ -223,6 +250,8 @@ def sample_chain(
     Raises:
         ValueError: for a missing noise net, features, or a wrong ``dim_mask``.
     """
+    if kind is SamplerKind.LATENT_NOISE:
+        raise ValueError(_LATENT_CHAIN)
     times, delta = uniform_schedule(cfg.num_steps)
     b = noise.shape[0]
     mask = _check_mask(dim_mask, noise)
@@ -304,6 +333,8 @@ def chain_log_prob(
     """
     if kind is SamplerKind.ODE:
         raise ValueError("the ODE sampler is deterministic; there is no chain log-prob to evaluate")
+    if kind is SamplerKind.LATENT_NOISE:
+        raise ValueError(_LATENT_CHAIN)
     one_step = kind is SamplerKind.FLOW_SDE and cfg.sde_mode is SdeMode.ONE_STEP
     needed = [EXTRA_CHAIN] + ([EXTRA_STEP] if one_step else [])
     missing = [k for k in needed if k not in extras]

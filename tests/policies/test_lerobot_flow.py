@@ -286,3 +286,44 @@ def test_privileged_state_critic_on_a_lerobot_model(vlm_folder: Path, kind: str)
     assert float((policy.value(moved) - out.value).detach().abs().min()) > 0
     assert {n for n, _ in policy.value_head.named_parameters()} and all(
         p is q for p, q in zip(policy.critic_parameters(), policy.value_head.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_latent_noise_on_a_lerobot_model_trains_only_its_actor_and_round_trips(
+    policies: dict, kind: str, tmp_path: Path
+) -> None:
+    """The latent-noise actor reads the VLM prefix and the normalized state; the LeRobot model stays frozen."""
+    policy = policies[kind]
+    latent = SamplerConfig(kind=SamplerKind.LATENT_NOISE, num_steps=3, latent_hidden=16)
+    policy.configure_sampler(latent)
+    try:
+        with torch.no_grad():
+            for p in policy.latent_actor.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+        obs = make_obs(seed=6)
+        out = policy.act(obs, ActMode.EXPLORE, generator=torch.Generator().manual_seed(2))
+        assert out.extras["flow.latent"].shape == (B, H, A_MODEL)
+        policy.zero_grad(set_to_none=True)
+        logp, entropy, value = policy.evaluate(obs, out.extras)
+        torch.testing.assert_close(logp, out.logp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(value, out.value, rtol=1e-5, atol=1e-5)
+        (logp.sum() + value.sum() + 0.01 * entropy.sum()).backward()
+        got = {n for n, p in policy.named_parameters() if p.grad is not None}
+        assert got and all(n.startswith(("latent_actor.", "value_head.")) for n in got), sorted(got)[:4]
+        assert "latent_actor.net.0.weight" in got
+        state = make_obs(seed=6)
+        state["observation.state"] = state["observation.state"] + 1.0  # the actor reads the state
+        moved = policy.evaluate(state, out.extras)[0].detach()
+        assert float((moved - out.logp).abs().max()) > 1e-4
+        policy.save_pretrained(tmp_path / kind)
+        with tiny_paligemma_configs():
+            loaded = load_policy(tmp_path / kind)
+        assert loaded.sampler.kind is SamplerKind.LATENT_NOISE
+        for mode in ActMode:
+            a = policy.act(obs, mode, generator=torch.Generator().manual_seed(3))
+            b = loaded.act(obs, mode, generator=torch.Generator().manual_seed(3))
+            torch.testing.assert_close(a.actions, b.actions, rtol=0, atol=0)
+            torch.testing.assert_close(a.logp, b.logp, rtol=0, atol=0)
+    finally:
+        policy.latent_actor = None  # the module-scoped policies serve the other tests without it
+        policy.configure_sampler(SAMPLERS["sde-one-step"])
