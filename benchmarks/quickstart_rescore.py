@@ -15,6 +15,7 @@ rescored`` of a markdown file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -36,18 +37,20 @@ RESULTS = Path(__file__).resolve().parent / "results" / "quickstart_rescore.json
 SECTION = "## Quickstart rescored"
 
 
-def rescore(run_dir: Path) -> dict:
+def rescore(run_dir: Path, eval_noise: str = "") -> dict:
     """Evaluate ``run_dir``'s pre-trained and final policies; the run's recorded numbers beside the new ones."""
     report = json.loads((run_dir / "report.json").read_text())
     seed = int(report["seed"])
     cfg = parse_config(QuickstartConfig, ["--seed", str(seed)])
     eval_seed = EVAL_SEED_BASE + seed * SEED_BLOCK
     final = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}" / "policy"
-    out: dict = {"seed": seed, "run_dir": str(run_dir), "episodes": cfg.eval_episodes,
+    out: dict = {"seed": seed, "run_dir": str(run_dir), "episodes": cfg.eval_episodes, "eval_noise": eval_noise or "saved",
                  "recorded_before": report["success_before"], "recorded_after": report["success_after"]}
     with cfg.env.make(seed=eval_seed) as env:
         for tag, path in (("before", run_dir / "sft_policy"), ("after", final)):
             policy = load_policy(path)
+            if eval_noise:  # score the same weights with another initial noise of the ODE policy
+                policy.configure_sampler(dataclasses.replace(policy.sampler, eval_noise=eval_noise))
             policy.eval()
             t = time.perf_counter()
             res = evaluate_policy(env, policy, cfg.eval_episodes, eval_seed, desc=f"seed {seed} {tag}")
@@ -75,11 +78,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, nargs="+", help="quickstart run folders")
     parser.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
+    parser.add_argument("--eval-noise", default="", choices=["", "random", "zero"],
+                        help="evaluate with this policy.sampler.eval_noise instead of the saved one")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="results JSON to write")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [rescore(r) for r in args.runs]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows}, indent=2))
+    rows = [rescore(r, args.eval_noise) for r in args.runs]
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps({"rows": rows}, indent=2))
     print(table(rows))
     if args.write:
         write_section(args.write, SECTION, table(rows))

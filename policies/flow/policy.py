@@ -22,6 +22,7 @@ from policies.base import ActMode, ActOutput, LogProbLevel, Policy, reduce_logp
 from policies.io import OBS_ENV_STATE, OBS_STATE, CheckpointError, ObservationError
 from policies.flow.latent import EXTRA_LATENT, LatentNoiseActor, latent_noise_log_prob
 from policies.flow.sampler import (
+    EvalNoise,
     NoiseNet,
     SamplerConfig,
     SamplerKind,
@@ -296,7 +297,7 @@ class FlowPolicy(Policy):
             mode: ``ActMode.EVAL`` or ``ActMode.EXPLORE``.
             generator: optional RNG for the initial noise and the sampler.
             noise: optional initial sample ``x_1 [B, H, A_model]`` (default: drawn from
-                ``N(0, I)``); lets a caller steer a frozen policy through its noise
+                ``N(0, I)``, or zeros in ``EVAL`` mode with ``sampler.eval_noise`` ``zero``); lets a caller steer a frozen policy through its noise
                 (latent-noise RL) or compare against a reference sampler.
 
         Returns:
@@ -309,7 +310,9 @@ class FlowPolicy(Policy):
             return self._act_latent(obs, mode, generator, noise)
         with torch.no_grad():
             ctx = self._context(obs)
-            if noise is None:
+            if noise is None and mode is ActMode.EVAL and self.sampler.eval_noise is EvalNoise.ZERO:
+                noise = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
+            elif noise is None:
                 noise = self._noise(ctx.batch_size, generator)
             self._check_noise(noise, ctx)
             sample = sample_chain(

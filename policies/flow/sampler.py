@@ -67,6 +67,15 @@ class SamplerKind(str, enum.Enum):
     LATENT_NOISE = "latent_noise"
 
 
+class EvalNoise(str, enum.Enum):
+    """The initial noise ``x_1`` of the deterministic (``EVAL``) ODE policy."""
+
+    RANDOM = "random"
+    """Drawn from ``N(0, I)``, as in training: the evaluated policy is one sample of the action distribution."""
+    ZERO = "zero"
+    """``x_1 = 0``, the centre of the noise distribution: the same observation always gives the same chunk."""
+
+
 class SdeMode(str, enum.Enum):
     """Flow-SDE variant: one random stochastic step per call, or all K steps."""
 
@@ -108,9 +117,16 @@ class SamplerConfig:
     trained (DSRL bounds it to about 1-2 standard deviations)."""
     latent_hidden: int = 256
     """Latent-noise: width of the noise actor's two hidden layers (used when the actor is built)."""
+    eval_noise: EvalNoise = EvalNoise.RANDOM
+    """Initial noise of the deterministic ODE policy that evaluation (and deployment) runs: ``random`` (drawn
+    from N(0, I)) or ``zero`` (x_1 = 0; docs/benchmarks.md, "RL diagnostic ladder"). The ``latent_noise`` sampler
+    evaluates from its actor's mean instead. Exploration is unaffected."""
 
     def __post_init__(self) -> None:
         self.kind = SamplerKind(self.kind)
+        if self.eval_noise not in {e.value for e in EvalNoise} | set(EvalNoise):
+            raise ValueError(f"sampler.eval_noise must be one of {[e.value for e in EvalNoise]}, got {self.eval_noise!r}")
+        self.eval_noise = EvalNoise(self.eval_noise)
         self.sde_mode = SdeMode(self.sde_mode)
         self.chain_reduce = ChainReduce(self.chain_reduce)
         if self.num_steps < 1:

@@ -246,3 +246,24 @@ def test_vla_rl_train_switches_a_flow_sde_checkpoint_to_latent_noise(tmp_path: P
     actor = [k for k in after if k.startswith("latent_actor.")]
     assert actor and not any(k in before for k in actor)
     assert float(after["latent_actor.net.4.weight"].abs().sum()) > 0  # trained from its zero start
+
+
+@pytest.mark.parametrize("sampler", OTHERS, ids=lambda s: s.kind.value)
+def test_eval_noise_zero_runs_the_ode_from_zero_noise_and_leaves_exploration_alone(sampler: SamplerConfig) -> None:
+    """``eval_noise zero``: EVAL is the ODE from x_1 = 0 (no generator draw, the same chunk every call); the default
+    draws x_1 from the generator; EXPLORE samples the same with either setting."""
+    torch.manual_seed(0)
+    policy = CompactFlowPolicy(tiny_config(sampler=sampler))
+    obs = make_obs()
+    random_eval = policy.act(obs, ActMode.EVAL, generator=torch.Generator().manual_seed(3)).actions
+    explore = policy.act(obs, ActMode.EXPLORE, generator=torch.Generator().manual_seed(5))
+    policy.configure_sampler(replace(sampler, eval_noise="zero"))
+    zero_eval = policy.act(obs, ActMode.EVAL, generator=torch.Generator().manual_seed(3)).actions
+    zeros = torch.zeros(3, 4, 3)
+    torch.testing.assert_close(zero_eval, policy.act(obs, ActMode.EVAL, noise=zeros).actions, rtol=0, atol=0)
+    torch.testing.assert_close(zero_eval, policy.act(obs, ActMode.EVAL).actions, rtol=0, atol=0)
+    assert float((zero_eval - random_eval).abs().max()) > 1e-4
+    again = policy.act(obs, ActMode.EXPLORE, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(again.actions, explore.actions, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="random"):
+        SamplerConfig(eval_noise="mode")
