@@ -207,3 +207,24 @@ def test_compact_flow_actor_env_state_errors_name_the_key() -> None:
     del obs["observation.env_state"]
     with pytest.raises(ObservationError, match="observation.env_state"):
         state_only_flow().act(obs)
+
+
+def test_compact_flow_fits_its_env_state_normalization_from_the_demos(tmp_path) -> None:
+    """With ``actor_env_state`` the demos' env_state is standardized (std floored); without it nothing is kept."""
+    policy = state_only_flow()
+    obs = make_obs(b=300, seed=4)
+    obs["observation.env_state"] = obs["observation.env_state"] * 0.02 + 0.3
+    obs["observation.env_state"][:, 1] = 0.02  # never moves in the demos
+    policy.fit_input_normalization(obs)
+    assert torch.allclose(policy.env_state_mean[0], obs["observation.env_state"][:, 0].mean())
+    assert float(policy.env_state_std[1]) == pytest.approx(0.01)
+    before = policy.act(obs, ActMode.EVAL, noise=torch.zeros(300, policy.chunk_size, A)).actions
+    policy.save_pretrained(tmp_path / "p")
+    loaded = load_policy(tmp_path / "p")
+    assert torch.equal(loaded.env_state_std, policy.env_state_std)
+    torch.testing.assert_close(loaded.act(obs, ActMode.EVAL, noise=torch.zeros(300, policy.chunk_size, A)).actions,
+                               before)
+    plain = CompactFlowPolicy(CompactFlowConfig(cameras=(), state_dim=S, env_state_dim=P, action_dim=A,
+                                                text_encoder=TextEncoderKind.HASHED, width=16, heads=2))
+    plain.fit_input_normalization(obs)
+    assert not hasattr(plain, "env_state_std")
