@@ -117,7 +117,7 @@ class SamplerConfig:
     trained (DSRL bounds it to about 1-2 standard deviations)."""
     latent_hidden: int = 256
     """Latent-noise: width of the noise actor's two hidden layers (used when the actor is built)."""
-    eval_noise: EvalNoise = EvalNoise.RANDOM
+    eval_noise: EvalNoise = EvalNoise.ZERO
     """Initial noise of the deterministic ODE policy that evaluation (and deployment) runs: ``random`` (drawn
     from N(0, I)) or ``zero`` (x_1 = 0; docs/benchmarks.md, "RL diagnostic ladder"). The ``latent_noise`` sampler
     evaluates from its actor's mean instead. Exploration is unaffected."""
