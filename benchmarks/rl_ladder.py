@@ -18,8 +18,11 @@ rung              what it isolates
                   (``--policy.sampler.kind latent_noise``, DSRL's idea on-policy)
 ================  ==========================================================================================
 
-"About 0.4": pre-training stops at the first success check (64 episodes on seeds of their own) that reaches 0.4.
-The first rung that fails to improve names the culprit (see docs/benchmarks.md, "RL diagnostic ladder").
+"About 0.4": pre-training stops at the first success check (64 episodes on seeds of their own) that reaches 0.4,
+scored with the run's evaluation (since issue 16 the ODE from zero noise, ``policy.sampler.eval_noise``). The
+privileged-state rungs clone from state-observation demos that record ``observation.env_state``; on pick-any
+their cloning stalled at 0.02-0.14 in session 9 (docs/benchmarks.md). The first rung that fails to improve names
+the culprit (see docs/benchmarks.md, "RL diagnostic ladder").
 
     python benchmarks/rl_ladder.py --rungs mlp-scratch mlp-bc --seeds 0 1 2 --write docs/benchmarks.md
 
@@ -65,6 +68,10 @@ MLP_PPO = ["--algo.type", "ppo", "--algo.decisions_per_iter", "16", "--algo.epoc
 FLOW_PPO = ["--algo.type", "ppo", "--algo.decisions_per_iter", "6", "--algo.epochs", "2", "--algo.minibatch_size", "192",
             "--algo.lr_actor", "3e-5", "--algo.lr_critic", "1e-3", "--algo.target_kl", "0.05",
             "--algo.critic_warmup_iters", "3", "--reset_every_iteration", "false"]
+# the quickstart's RL stage for the small, fresh noise actor: a 100x larger step (3e-5 barely moves it) and 4 epochs
+LATENT_PPO = ["--algo.type", "ppo", "--algo.decisions_per_iter", "6", "--algo.epochs", "4", "--algo.minibatch_size",
+              "96", "--algo.lr_actor", "3e-3", "--algo.lr_critic", "1e-3", "--algo.critic_warmup_iters", "3",
+              "--reset_every_iteration", "false"]
 FLOW_STATE = ["--policy.type", "compact-flow", "--policy.cameras", "[]", "--policy.actor_env_state", "true",
               "--policy.chunk_size", "4"]
 SAMPLERS = {
@@ -142,7 +149,7 @@ def run_rung(rung: str, seed: int, out: Path, budget: int) -> Path:
             raise SystemExit(f"rl_ladder: flow-latent starts from {start}; run the flow-camera rung first")
         iters = max(1, budget // (32 * 6 * 4))
         train(seed, run / "rl", [*ENV, "--env.obs_mode", "rgb", "--env.wrist_camera", "true", "--policy.path",
-                                 str(start), "--policy.sampler.kind", "latent_noise", *FLOW_PPO], iters,
+                                 str(start), "--policy.sampler.kind", "latent_noise", *LATENT_PPO], iters,
               max(1, iters // 4), log)
     else:
         raise SystemExit(f"rl_ladder: unknown rung {rung!r}; valid: {', '.join(RUNGS)}")
