@@ -24,54 +24,43 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import write_section  # noqa: E402
+from rl_ladder import curve, episodes, eval_noise, metric_rows  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rl_ceiling.json"
 TARGET_MEDIAN, TARGET_EACH, TARGET_WALL = 0.90, 0.85, 3600
 
 
-def _rows(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _evals(run: Path) -> list[dict[str, Any]]:
-    return [r for r in _rows(run) if "eval/success" in r]
-
-
-def _noise(report: dict[str, Any]) -> str:
-    sampler = report.get("config", {}).get("policy", {}).get("sampler", {})
-    return sampler.get("eval_noise", "random") if isinstance(sampler, dict) else "random"
-
-
 def score(run: Path) -> dict[str, Any]:
     """Start and final success from zero noise of one quickstart-style run (rescored when it used random noise)."""
     report = json.loads((run / "report.json").read_text())
-    evals = _evals(run)
-    out = {"seed": report["seed"], "run_dir": str(run), "env_steps": evals[-1]["step"],
-           "episodes": int(sum(r.get("rollout/episodes", 0) for r in _rows(run))),
-           "wall_s": report.get("wall_seconds"), "sft_steps": report.get("sft_steps"),
+    rows = metric_rows(run)
+    points = curve(rows)
+    out = {"seed": report["seed"], "run_dir": str(run), "env_steps": points[-1]["env_steps"],
+           "episodes": episodes(rows), "wall_s": report.get("wall_seconds"), "sft_steps": report.get("sft_steps"),
            "start_random": None, "final_random": None}
-    if _noise(report) == "zero":
-        out.update(start=evals[0]["eval/success"], final=evals[-1]["eval/success"],
-                   final_ci=[evals[-1]["eval/success_ci_low"], evals[-1]["eval/success_ci_high"]])
+    if eval_noise(report) == "zero":
+        out.update(start=points[0]["success"], final=points[-1]["success"],
+                   final_ci=[points[-1]["lo"], points[-1]["hi"]])
         return out
     from quickstart_rescore import rescore
 
     zero = rescore(run, "zero")
     out.update(start=zero["before"], final=zero["after"], final_ci=zero["after_ci"],
-               start_random=evals[0]["eval/success"], final_random=evals[-1]["eval/success"])
+               start_random=points[0]["success"], final_random=points[-1]["success"])
     return out
 
 
 def extend(base: dict[str, Any], cont: Path) -> dict[str, Any]:
     """``base`` continued by the run ``cont`` (``vla-rl train`` from its final policy, evaluated from zero noise)."""
-    evals, rows = _evals(cont), _rows(cont)
+    rows = metric_rows(cont)
+    points = curve(rows)
     report = json.loads((cont / "report.json").read_text()) if (cont / "report.json").exists() else {}
-    return {**base, "continued": str(cont), "final": evals[-1]["eval/success"],
-            "final_ci": [evals[-1]["eval/success_ci_low"], evals[-1]["eval/success_ci_high"]],
-            "env_steps": base["env_steps"] + evals[-1]["step"],
-            "episodes": base["episodes"] + int(sum(r.get("rollout/episodes", 0) for r in rows)),
+    return {**base, "continued": str(cont), "final": points[-1]["success"],
+            "final_ci": [points[-1]["lo"], points[-1]["hi"]],
+            "env_steps": base["env_steps"] + points[-1]["env_steps"],
+            "episodes": base["episodes"] + episodes(rows),
             "wall_s": (base["wall_s"] or 0) + (report.get("wall_seconds") or 0),
-            "curve_continued": [(r["step"], r["eval/success"]) for r in evals]}
+            "curve_continued": [(p["env_steps"], p["success"]) for p in points]}
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -160,22 +160,31 @@ RUNGS = ["mlp-scratch", "mlp-bc", *[f"flow-state-{k}" for k in SAMPLERS], "flow-
 BUDGET = {"mlp-scratch": 500_000, "mlp-bc": 300_000}  # env steps; the flow rungs: the quickstart's 153,600
 
 
-def curve(run: Path) -> list[dict[str, float]]:
-    """Evaluations of a run: ``[{env_steps, success, lo, hi}]`` from its ``metrics.jsonl``."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def metric_rows(run: Path) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl`` (one per iteration, plus the evaluation before the first)."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def curve(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Evaluations among a run's metric rows: ``[{env_steps, success, lo, hi}]``."""
     return [{"env_steps": r["step"], "success": r["eval/success"], "lo": r["eval/success_ci_low"],
              "hi": r["eval/success_ci_high"]} for r in rows if "eval/success" in r]
 
 
+def episodes(rows: list[dict[str, Any]]) -> int:
+    """Training episodes finished over a run's metric rows."""
+    return sum(int(r.get("rollout/episodes", 0)) for r in rows)
+
+
 def summarize(rung: str, seed: int, run: Path, wall: float | None) -> dict[str, Any]:
-    points = curve(run)
+    rows = metric_rows(run)
+    points = curve(rows)
     report = json.loads((run / "report.json").read_text()) if (run / "report.json").exists() else {}
-    episodes = sum(int(json.loads(line).get("rollout/episodes", 0)) for line in
-                   (run / "metrics.jsonl").read_text().splitlines() if line.strip())
     return {"rung": rung, "seed": seed, "start": points[0]["success"], "final": points[-1]["success"],
             "final_ci": [points[-1]["lo"], points[-1]["hi"]], "best": max(p["success"] for p in points),
-            "env_steps": points[-1]["env_steps"], "episodes": episodes, "wall_s": wall or report.get("wall_seconds"),
-            "sft_steps": report.get("sft_steps"), "eval_noise": eval_noise(report), "curve": points, "run_dir": str(run)}
+            "env_steps": points[-1]["env_steps"], "episodes": episodes(rows),
+            "wall_s": wall or report.get("wall_seconds"), "sft_steps": report.get("sft_steps"),
+            "eval_noise": eval_noise(report), "curve": points, "run_dir": str(run)}
 
 
 def eval_noise(report: dict[str, Any]) -> str:

@@ -265,6 +265,22 @@ def read_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, to
     return config, load_file(str(folder / WEIGHTS_FILE))
 
 
+def read_env_state(obs: dict[str, Any], batch: int, dim: int, policy: str, remedy: str) -> torch.Tensor:
+    """The privileged ``observation.env_state`` ``[B, P]`` (float) of an observation batch, for an actor that reads it.
+
+    Raises:
+        ObservationError: naming the key when it is absent (with ``remedy``) or not a float ``[batch, dim]`` tensor.
+    """
+    x = obs.get(OBS_ENV_STATE)
+    if x is None:
+        raise ObservationError(f"{policy}: observation lacks key {OBS_ENV_STATE!r}, which the actor reads "
+                               f"(got {sorted(obs)}); {remedy}")
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != (batch, dim):
+        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ObservationError(f"{policy}: {OBS_ENV_STATE} must be float [{batch}, {dim}], got {got}")
+    return x.float()
+
+
 def read_policy_checkpoint(
     config_class: type[C], directory: str | Path, type_name: str, overrides: dict[str, Any]
 ) -> tuple[C, dict[str, torch.Tensor]]:

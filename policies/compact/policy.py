@@ -28,11 +28,11 @@ from policies.io import (
     OBS_ENV_STATE,
     OBS_STATE,
     TASK,
-    ObservationError,
     check_observation,
     config_to_dict,
     image_key,
     load_weights,
+    read_env_state,
     read_policy_checkpoint,
     write_checkpoint,
 )
@@ -80,7 +80,8 @@ class CompactFlowPolicy(FlowPolicy):
             c.film,
         )
         self.expert = ActionExpert(
-            c.state_dim + (c.env_state_dim if c.actor_env_state else 0), c.action_dim, c.chunk_size, c.width, c.heads, c.expert_layers, c.global_cond
+            c.state_dim + (c.env_state_dim if c.actor_env_state else 0), c.action_dim, c.chunk_size, c.width,
+            c.heads, c.expert_layers, c.global_cond,
         )
         self.register_buffer("state_mean", torch.zeros(c.state_dim))
         self.register_buffer("state_std", torch.ones(c.state_dim))
@@ -150,22 +151,9 @@ class CompactFlowPolicy(FlowPolicy):
         return [p for m in modules for p in m.parameters()]
 
     def _actor_env_state(self, obs: dict[str, Any], b: int) -> Tensor:
-        """``observation.env_state`` ``[B, P]`` for the actor (``actor_env_state``), before normalization.
-
-        Raises:
-            ObservationError: naming the key when it is absent or has the wrong shape.
-        """
-        x = obs.get(OBS_ENV_STATE)
-        if x is None:
-            raise ObservationError(
-                f"{NAME}: actor_env_state reads {OBS_ENV_STATE!r}, which the observation lacks (got {sorted(obs)}); "
-                "use an env that provides it (e.g. mujoco/pick-any) or actor_env_state false"
-            )
-        p = self.config.env_state_dim
-        if not isinstance(x, Tensor) or tuple(x.shape) != (b, p):
-            got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ObservationError(f"{NAME}: {OBS_ENV_STATE} must be float [{b}, {p}], got {got}")
-        return x.float().to(self.device)
+        """``observation.env_state`` ``[B, P]`` for the actor (``actor_env_state``), before normalization."""
+        return read_env_state(obs, b, self.config.env_state_dim, NAME, "use an env that provides it (e.g. "
+                              "mujoco/pick-any) or actor_env_state false").to(self.device)
 
     def encode(self, obs: dict[str, Any]) -> FlowContext:
         """Check ``obs`` and encode its prefix once; the returned velocity function reuses it.

@@ -217,6 +217,10 @@ class FlowPolicy(Policy):
             skip |= {id(p) for p in self.latent_actor.parameters()}
         return [p for p in self.parameters() if p.requires_grad and id(p) not in skip]
 
+    def _zero_chunk(self, batch: int) -> Tensor:
+        """Zeros shaped like one chunk sample ``[B, H, A_model]`` on the policy's device."""
+        return torch.zeros(batch, self.dims.horizon, self.dims.model_action_dim, device=self.device)
+
     def _noise(self, batch: int, generator: torch.Generator | None) -> Tensor:
         shape = (batch, self.dims.horizon, self.dims.model_action_dim)
         return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
@@ -256,7 +260,7 @@ class FlowPolicy(Policy):
             return ctx.critic_state
         if self.value_placement is ValuePlacement.PREFIX:
             return self._pooled_prefix(ctx, "value placement 'prefix'")
-        x = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
+        x = self._zero_chunk(ctx.batch_size)
         t = torch.ones(ctx.batch_size, device=self.device)
         features = ctx.velocity(x, t).features
         if features is None:
@@ -297,8 +301,9 @@ class FlowPolicy(Policy):
             mode: ``ActMode.EVAL`` or ``ActMode.EXPLORE``.
             generator: optional RNG for the initial noise and the sampler.
             noise: optional initial sample ``x_1 [B, H, A_model]`` (default: drawn from
-                ``N(0, I)``, or zeros in ``EVAL`` mode with ``sampler.eval_noise`` ``zero``); lets a caller steer a frozen policy through its noise
-                (latent-noise RL) or compare against a reference sampler.
+                ``N(0, I)``, or zeros in ``EVAL`` mode with ``sampler.eval_noise`` ``zero``); lets a
+                caller steer a frozen policy through its noise (latent-noise RL) or compare against a
+                reference sampler.
 
         Returns:
             ``ActOutput(actions [B, H, A] env space, logp at logp_level, value [B] (None in ``EVAL`` mode or
@@ -311,7 +316,7 @@ class FlowPolicy(Policy):
         with torch.no_grad():
             ctx = self._context(obs)
             if noise is None and mode is ActMode.EVAL and self.sampler.eval_noise is EvalNoise.ZERO:
-                noise = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
+                noise = self._zero_chunk(ctx.batch_size)
             elif noise is None:
                 noise = self._noise(ctx.batch_size, generator)
             self._check_noise(noise, ctx)
@@ -377,7 +382,7 @@ class FlowPolicy(Policy):
             return self._evaluate_latent(obs, extras)
         ctx = self._context(obs)
         if self.sampler.kind is SamplerKind.ODE:
-            zeros = torch.zeros(ctx.batch_size, self.dims.horizon, self.dims.model_action_dim, device=self.device)
+            zeros = self._zero_chunk(ctx.batch_size)
             return self._reduce(zeros), self._reduce(zeros), self._value(ctx)
         extras = {k: v.to(self.device) for k, v in extras.items()}
         logp, entropy = chain_log_prob(

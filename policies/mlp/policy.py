@@ -27,10 +27,10 @@ from policies.base import ActMode, ActOutput, Policy, reduce_logp
 from policies.io import (
     OBS_ENV_STATE,
     OBS_STATE,
-    ObservationError,
     check_observation,
     config_to_dict,
     load_weights,
+    read_env_state,
     read_policy_checkpoint,
     write_checkpoint,
 )
@@ -86,7 +86,7 @@ class GaussianMLPPolicy(Policy):
     fresh policy. SFT fits them from the demos' frames (:meth:`fit_input_normalization`, with a floor on the std
     so that dims the demos barely move get no huge scale; ``normalize_inputs false`` keeps the identity):
     without it the MLP sees cube positions that differ by centimetres as inputs 0.01 apart, and behaviour
-    cloning on pick-any stays at 0-9% success after 1700 steps. :meth:`fit_normalization` (state only) is unused.
+    cloning on pick-any stays at 0-9% success after 1700 steps. ``fit_normalization`` (state only) keeps nothing.
 
     Args:
         config: sizes, initialization and log-prob level.
@@ -137,9 +137,6 @@ class GaussianMLPPolicy(Policy):
                 raise ValueError(f"{NAME}: {name} must have shape [{n}] (state + env_state), got {list(value.shape)}")
             getattr(self, name).copy_(value)
 
-    def fit_normalization(self, states: Tensor, actions: Tensor) -> None:
-        """Keep the identity normalization (see the class doc); ``states`` / ``actions`` are not used."""
-
     def fit_input_normalization(self, obs: dict[str, Any]) -> None:
         """With ``normalize_inputs``: mean and std of the demos' ``[state, env_state]`` rows, each std at least
         ``input_std_min`` (a dim the demos barely move, a resting cube's height, is scaled at most by its
@@ -157,17 +154,8 @@ class GaussianMLPPolicy(Policy):
         """
         c = self.config
         b = check_observation(obs, (), None, c.state_dim, NAME)
-        env_state = obs.get(OBS_ENV_STATE)
-        if env_state is None:
-            raise ObservationError(
-                f"{NAME}: observation lacks key {OBS_ENV_STATE!r} (the privileged env state this policy reads; "
-                f"got {sorted(obs)}); use an env that provides it, e.g. mujoco/pick-any"
-            )
-        if not isinstance(env_state, Tensor) or tuple(env_state.shape) != (b, c.env_state_dim):
-            got = list(env_state.shape) if isinstance(env_state, Tensor) else type(env_state).__name__
-            raise ObservationError(f"{NAME}: {OBS_ENV_STATE} must be float [{b}, {c.env_state_dim}], got {got}")
-        x = torch.cat([obs[OBS_STATE].float(), env_state.float()], dim=-1).to(self.device)
-        return x
+        env_state = read_env_state(obs, b, c.env_state_dim, NAME, "use an env that provides it, e.g. mujoco/pick-any")
+        return torch.cat([obs[OBS_STATE].float(), env_state], dim=-1).to(self.device)
 
     def inputs(self, obs: dict[str, Any]) -> Tensor:
         """The normalized MLP input ``[B, S + P]`` of an observation batch (:meth:`inputs_raw`, normalized)."""
