@@ -22,7 +22,7 @@ from policies.base import ActMode, ActOutput, LogProbLevel, Policy, reduce_logp
 from policies.io import OBS_ENV_STATE, OBS_STATE, CheckpointError, ObservationError
 from policies.flow.latent import EXTRA_LATENT, LatentNoiseActor, latent_noise_log_prob
 from policies.flow.sampler import (
-    EvalNoise,
+    InitialNoise,
     NoiseNet,
     SamplerConfig,
     SamplerKind,
@@ -300,10 +300,10 @@ class FlowPolicy(Policy):
             obs: observation batch (see :mod:`policies.io`).
             mode: ``ActMode.EVAL`` or ``ActMode.EXPLORE``.
             generator: optional RNG for the initial noise and the sampler.
-            noise: optional initial sample ``x_1 [B, H, A_model]`` (default: drawn from
-                ``N(0, I)``, or zeros in ``EVAL`` mode with ``sampler.eval_noise`` ``zero``); lets a
-                caller steer a frozen policy through its noise (latent-noise RL) or compare against a
-                reference sampler.
+            noise: optional initial sample ``x_1 [B, H, A_model]`` (default: drawn from ``N(0, I)``, or
+                zeros where ``sampler.eval_noise`` (``EVAL``) or ``sampler.explore_noise`` (``EXPLORE``) is
+                ``zero``); lets a caller steer a frozen policy through its noise (latent-noise RL) or compare
+                against a reference sampler.
 
         Returns:
             ``ActOutput(actions [B, H, A] env space, logp at logp_level, value [B] (None in ``EVAL`` mode or
@@ -315,7 +315,8 @@ class FlowPolicy(Policy):
             return self._act_latent(obs, mode, generator, noise)
         with torch.no_grad():
             ctx = self._context(obs)
-            if noise is None and mode is ActMode.EVAL and self.sampler.eval_noise is EvalNoise.ZERO:
+            start = self.sampler.eval_noise if mode is ActMode.EVAL else self.sampler.explore_noise
+            if noise is None and start is InitialNoise.ZERO:
                 noise = self._zero_chunk(ctx.batch_size)
             elif noise is None:
                 noise = self._noise(ctx.batch_size, generator)

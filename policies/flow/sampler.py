@@ -67,13 +67,14 @@ class SamplerKind(str, enum.Enum):
     LATENT_NOISE = "latent_noise"
 
 
-class EvalNoise(str, enum.Enum):
-    """The initial noise ``x_1`` of the deterministic (``EVAL``) ODE policy."""
+class InitialNoise(str, enum.Enum):
+    """Where a denoising chain starts: the initial noise ``x_1`` of evaluation's ODE or of exploration's sampler."""
 
     RANDOM = "random"
-    """Drawn from ``N(0, I)``, as in training: the evaluated policy is one sample of the action distribution."""
+    """Drawn from ``N(0, I)``: the chain samples the model's whole action distribution."""
     ZERO = "zero"
-    """``x_1 = 0``, the centre of the noise distribution: the same observation always gives the same chunk."""
+    """``x_1 = 0``, the centre of the noise distribution: the ODE gives the same chunk for the same observation,
+    and a stochastic sampler spreads only by the noise it injects along the chain."""
 
 
 class SdeMode(str, enum.Enum):
@@ -117,16 +118,22 @@ class SamplerConfig:
     trained (DSRL bounds it to about 1-2 standard deviations)."""
     latent_hidden: int = 256
     """Latent-noise: width of the noise actor's two hidden layers (used when the actor is built)."""
-    eval_noise: EvalNoise = EvalNoise.ZERO
+    eval_noise: InitialNoise = InitialNoise.ZERO
     """Initial noise of the deterministic ODE policy that evaluation (and deployment) runs: ``random`` (drawn
     from N(0, I)) or ``zero`` (x_1 = 0; docs/benchmarks.md, "RL diagnostic ladder"). The ``latent_noise`` sampler
-    evaluates from its actor's mean instead. Exploration is unaffected."""
+    evaluates from its actor's mean instead."""
+    explore_noise: InitialNoise = InitialNoise.RANDOM
+    """Initial noise of the exploration sampler (flow_sde, flow_noise): ``random`` (N(0, I), pi_RL) or ``zero``
+    (x_1 = 0: the chain follows the deployed zero-noise ODE policy plus the noise the sampler injects, so RL
+    improves the policy that evaluation runs; docs/benchmarks.md, "Training the deployed policy")."""
 
     def __post_init__(self) -> None:
         self.kind = SamplerKind(self.kind)
-        if self.eval_noise not in {e.value for e in EvalNoise} | set(EvalNoise):
-            raise ValueError(f"sampler.eval_noise must be one of {[e.value for e in EvalNoise]}, got {self.eval_noise!r}")
-        self.eval_noise = EvalNoise(self.eval_noise)
+        for name in ("eval_noise", "explore_noise"):
+            value = getattr(self, name)
+            if value not in {e.value for e in InitialNoise} | set(InitialNoise):
+                raise ValueError(f"sampler.{name} must be one of {[e.value for e in InitialNoise]}, got {value!r}")
+            setattr(self, name, InitialNoise(value))
         self.sde_mode = SdeMode(self.sde_mode)
         self.chain_reduce = ChainReduce(self.chain_reduce)
         if self.num_steps < 1:

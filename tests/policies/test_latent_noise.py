@@ -13,7 +13,7 @@ import torch
 from policies.base import ActMode, LogProbLevel
 from policies.compact import CompactFlowConfig, CompactFlowPolicy, TextEncoderKind
 from policies.flow.latent import EXTRA_LATENT, LatentNoiseActor
-from policies.flow.sampler import SamplerConfig, SamplerKind, SdeMode, sample_chain
+from policies.flow.sampler import EXTRA_CHAIN, SamplerConfig, SamplerKind, SdeMode, sample_chain
 from policies.flow.sde import standard_normal_logp
 from policies.flow.value import ValuePlacement
 from policies.io import CheckpointError
@@ -268,6 +268,44 @@ def test_eval_noise_zero_runs_the_ode_from_zero_noise_and_leaves_exploration_alo
     with pytest.raises(ValueError, match="random"):
         SamplerConfig(eval_noise="mode")
     assert SamplerConfig().eval_noise.value == "zero"
+
+
+STOCHASTIC = [
+    SamplerConfig(kind=SamplerKind.FLOW_SDE, sde_mode=SdeMode.ONE_STEP, num_steps=3),
+    SamplerConfig(kind=SamplerKind.FLOW_SDE, sde_mode=SdeMode.FULL_CHAIN, num_steps=3),
+    SamplerConfig(kind=SamplerKind.FLOW_NOISE, num_steps=3),
+]
+
+
+@pytest.mark.parametrize("sampler", STOCHASTIC, ids=lambda s: f"{s.kind.value}-{s.sde_mode.value}")
+def test_explore_noise_zero_starts_exploration_at_the_deployed_policys_noise(sampler: SamplerConfig) -> None:
+    """``explore_noise zero``: every exploration chain starts at x_1 = 0, the evaluated policy's start, and spreads
+    only by the sampler's injected noise; the recorded chain re-scores to the same log-prob. ``random`` (the
+    default) starts from the generator's N(0, I) draw."""
+    torch.manual_seed(0)
+    policy = CompactFlowPolicy(tiny_config(sampler=sampler))
+    obs = make_obs()
+    assert policy.sampler.explore_noise.value == "random"
+    random_start = policy.act(obs, ActMode.EXPLORE, generator=torch.Generator().manual_seed(5))
+    assert float(random_start.extras[EXTRA_CHAIN][:, 0].abs().max()) > 0.1
+    policy.configure_sampler(replace(sampler, explore_noise="zero"))
+    a = policy.act(obs, ActMode.EXPLORE, generator=torch.Generator().manual_seed(5))
+    b = policy.act(obs, ActMode.EXPLORE, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(a.extras[EXTRA_CHAIN][:, 0], torch.zeros_like(a.extras[EXTRA_CHAIN][:, 0]))
+    assert float((a.actions - b.actions).abs().max()) > 1e-4  # still stochastic: the injected noise
+    # the chain's spread is centred near the deployed (zero-noise ODE) chunk, closer than random starts are
+    deployed = policy.act(obs, ActMode.EVAL).actions
+    zero_gap = torch.stack([policy.act(obs, ActMode.EXPLORE, generator=torch.Generator().manual_seed(s)).actions
+                            for s in range(16)]).sub(deployed).abs().mean()
+    policy.configure_sampler(replace(sampler, explore_noise="random"))
+    random_gap = torch.stack([policy.act(obs, ActMode.EXPLORE, generator=torch.Generator().manual_seed(s)).actions
+                              for s in range(16)]).sub(deployed).abs().mean()
+    assert float(zero_gap) < float(random_gap), (float(zero_gap), float(random_gap))
+    policy.configure_sampler(replace(sampler, explore_noise="zero"))
+    logp, _, _ = policy.evaluate(obs, a.extras)
+    torch.testing.assert_close(logp, a.logp, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="explore_noise"):
+        SamplerConfig(explore_noise="centre")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
