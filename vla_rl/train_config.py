@@ -17,7 +17,8 @@ import draccus
 import policies as _policies  # noqa: F401  (registers the policy modules)
 from policies.registry import POLICIES
 from rewards.config import RewardConfig
-from vla_rl.algorithms import grpo as _grpo  # noqa: F401  (registers the built-in learners)
+from vla_rl.algorithms import filtered_bc as _filtered_bc  # noqa: F401  (registers the built-in learners)
+from vla_rl.algorithms import grpo as _grpo  # noqa: F401
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
 from vla_rl.algorithms import rac as _rac  # noqa: F401
 from vla_rl.algorithms import sft as _sft  # noqa: F401

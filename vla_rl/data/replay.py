@@ -1,0 +1,119 @@
+"""A success-filtered buffer of the policy's own decisions: :class:`SuccessBuffer`.
+
+On-policy collection continues episodes across iterations, so whether a decision belongs to a successful
+episode is known only when that episode ends, possibly iterations later. The buffer keeps each env's decisions
+of its running episode aside (:meth:`SuccessBuffer.add_rollout`), moves them in when the episode ends in
+success and drops them when it fails; the kept rows are drawn like any other chunk source
+(:class:`vla_rl.data.mix.ChunkSource`), so they mix with demos through :class:`vla_rl.data.mix.MixedSource`.
+Rows live in a ring of ``capacity`` decisions: once full, the oldest successes make room for new ones.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from vla_core.keys import TASK
+from vla_rl.data.chunks import ChunkBatch
+
+if TYPE_CHECKING:
+    from vla_rl.rollout import Rollout
+
+
+class SuccessBuffer:
+    """The decisions of successful episodes, as chunk rows (observation, executed action chunk).
+
+    Args:
+        capacity: rows kept at most (the oldest leave first).
+        keys: the observation keys kept, in this order (to mix with a source that has exactly these, e.g.
+            demos); None keeps every key of the rollouts.
+
+    Raises:
+        ValueError: for ``capacity < 1``.
+    """
+
+    def __init__(self, capacity: int, keys: list[str] | None = None) -> None:
+        if capacity < 1:
+            raise ValueError(f"SuccessBuffer capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.keys = keys
+        self._obs: dict[str, Any] = {}
+        self._actions: Tensor | None = None
+        self._size = 0
+        self._next = 0
+        self._pending: dict[int, list[tuple[dict[str, Any], Tensor]]] = {}
+        self.episodes_kept = 0
+        self.episodes_dropped = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add_rollout(self, rollout: Rollout) -> None:
+        """File every valid decision of ``rollout`` under its env's running episode; an episode that ended in
+        the rollout moves into the buffer if it succeeded (:class:`vla_rl.rollout.EpisodeRecord`) and is
+        dropped otherwise. Decisions of episodes still running wait for a later rollout."""
+        ended = rollout.terminated | rollout.truncated
+        outcomes: dict[int, list[bool]] = {}
+        for ep in rollout.episodes:  # per env, in the order they ended
+            outcomes.setdefault(ep.env, []).append(ep.success)
+        t_len, b_len = rollout.valid.shape
+        for t in range(t_len):
+            for b in range(b_len):
+                if not bool(rollout.valid[t, b]):
+                    continue
+                obs = _row_obs(rollout.obs, t, b, self.keys)
+                self._pending.setdefault(b, []).append((obs, rollout.actions[t, b]))
+                if bool(ended[t, b]):
+                    queue = outcomes.get(b, [])
+                    success = queue.pop(0) if queue else False
+                    rows = self._pending.pop(b)
+                    if success:
+                        self.episodes_kept += 1
+                        for obs, action in rows:
+                            self._put(obs, action)
+                    else:
+                        self.episodes_dropped += 1
+
+    def forget_running(self) -> None:
+        """Drop the decisions of running episodes (their envs were reset: those episodes never end)."""
+        self._pending.clear()
+
+    def _put(self, obs: dict[str, Any], action: Tensor) -> None:
+        if self._actions is None:
+            self._actions = torch.zeros((self.capacity, *action.shape), dtype=torch.float32)
+            for k, v in obs.items():
+                self._obs[k] = [""] * self.capacity if k == TASK else torch.zeros((self.capacity, *v.shape), dtype=v.dtype)
+        i = self._next
+        self._actions[i] = action.float()
+        for k, v in obs.items():
+            self._obs[k][i] = v
+        self._next = (i + 1) % self.capacity
+        self._size = min(self._size + 1, self.capacity)
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> ChunkBatch:
+        """``batch_size`` kept rows drawn uniformly with replacement (one ``torch.randint`` on ``generator``).
+
+        Raises:
+            ValueError: when the buffer is empty.
+        """
+        if not self._size:
+            raise ValueError("SuccessBuffer is empty: no episode has succeeded yet")
+        idx = torch.randint(0, self._size, (batch_size,), generator=generator)
+        obs = {k: ([v[i] for i in idx.tolist()] if k == TASK else v[idx]) for k, v in self._obs.items()}
+        assert self._actions is not None
+        actions = self._actions[idx]
+        return ChunkBatch(obs=obs, actions=actions, mask=torch.ones(actions.shape[:2], dtype=torch.bool))
+
+
+def _row_obs(obs: dict[str, Any], t: int, b: int, keys: list[str] | None) -> dict[str, Any]:
+    """Decision ``t``'s observation of env ``b`` (tensors cloned off the rollout's storage), ``keys`` only.
+
+    Raises:
+        KeyError: naming a key of ``keys`` the rollout's observations lack.
+    """
+    missing = [k for k in keys or () if k not in obs]
+    if missing:
+        raise KeyError(f"the rollout's observations lack {missing} (have {sorted(obs)})")
+    return {k: (obs[k][t][b] if k == TASK else obs[k][t, b].clone()) for k in (keys if keys is not None else obs)}
