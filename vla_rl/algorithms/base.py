@@ -117,6 +117,11 @@ class LearnerConfig(draccus.ChoiceRegistry):
     def check_run(self, num_envs: int) -> None:
         """Raise ``ValueError`` naming the field when this config cannot run with ``num_envs`` training envs."""
 
+    def with_default_demos(self, path: str) -> LearnerConfig:
+        """This config with ``path`` as its demo dataset, where it mixes demos into its batches and none was
+        given (the quickstart passes the demos it collected). Default: unchanged."""
+        return self
+
     def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
         """This config shrunk for a smoke run, and the number of training envs (now ``num_envs``) it wants there.
 

@@ -66,6 +66,9 @@ class FilteredBCConfig(SFTLearnerConfig):
         if not 0.0 <= self.demo_ratio < 1.0:
             raise ValueError(f"algo.demo_ratio must lie in [0, 1), got {self.demo_ratio}")
 
+    def with_default_demos(self, path: str) -> LearnerConfig:
+        return self if self.demos else dataclasses.replace(self, demos=path)
+
     def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
         small, envs = super().smoke(limits, num_envs)
         decisions = max(min(self.decisions_per_iter, limits.max_decisions), limits.episode_decisions)

@@ -273,7 +273,8 @@ def _reusable(folder: Path, what: str, verify: Callable[[Path], Any]) -> bool:
 def _train_config(cfg: QuickstartConfig, run_dir: Path, policy_path: str) -> TrainConfig:
     """The RL stage's config (``policy_path`` empty: a fresh policy, for pre-training)."""
     return TrainConfig(
-        env=cfg.env, policy=dataclasses.replace(cfg.policy, path=policy_path), algo=cfg.algo, logging=cfg.logging,
+        env=cfg.env, policy=dataclasses.replace(cfg.policy, path=policy_path),
+        algo=cfg.algo.with_default_demos(str(_demo_root(cfg))), logging=cfg.logging,
         iterations=cfg.iterations, seed=cfg.seed, run_dir=str(run_dir), reset_every_iteration=False, threads=cfg.threads,
         resume=cfg.resume or (run_dir / "checkpoints").exists(),
         eval=EvalConfig(episodes=cfg.eval_episodes, every=cfg.eval_every,
