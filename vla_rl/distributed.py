@@ -293,7 +293,7 @@ def _die_with_launcher() -> None:
 
 
 _MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")  # set by MPICH / Intel MPI, Open MPI in every rank
-_MPI_MANAGERS = ("mpiexec", "mpirun", "hydra_", "prte", "orted")  # name prefixes of MPI's process managers
+_MPI_MANAGERS = ("mpiexec", "mpirun", "hydra_", "prte", "orte")  # name prefixes of MPI's process managers
 
 
 def _watch_mpi_launcher() -> None:
@@ -306,13 +306,16 @@ def _watch_mpi_launcher() -> None:
 
     import psutil
 
-    proc = psutil.Process().parent()
-    while proc is not None and proc.name().startswith(_MPI_MANAGERS):
-        proc = proc.parent()
-    if proc is None or proc.pid == 1:  # mpirun was orphaned: accelerate is already gone
-        os.kill(os.getpid(), signal.SIGKILL)
-        return
-    if "accelerate" not in " ".join(proc.cmdline()):
+    try:
+        proc = psutil.Process().parent()
+        while proc is not None and proc.name().startswith(_MPI_MANAGERS):
+            proc = proc.parent()
+        if proc is None or proc.pid == 1:  # mpirun was orphaned: accelerate is already gone
+            os.kill(os.getpid(), signal.SIGKILL)
+            return
+        if "accelerate" not in " ".join(proc.cmdline()):
+            return
+    except psutil.Error:  # a process of the chain exited while it was read: the launch is ending anyway
         return
     pid = proc.pid
 
