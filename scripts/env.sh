@@ -73,7 +73,7 @@ if [ ! -f "$VLA_RL_VENV/.vla-rl-complete" ]; then
   "$VLA_RL_VENV/bin/pip" install -q --upgrade pip || return 1
   # The pinned dependency set of pyproject.toml and the project itself (editable); progress lines only,
   # the full log in $VLA_RL_HOME/install.log.
-  if ! { "$VLA_RL_VENV/bin/pip" install --progress-bar off -e "$VLA_RL_ROOT[ros,dev,ray]" 2>&1 \
+  if ! { "$VLA_RL_VENV/bin/pip" install --progress-bar off -e "$VLA_RL_ROOT[ros,dev,ray,mpi]" 2>&1 \
          | tee "$VLA_RL_HOME/install.log" | grep --line-buffered -E '^(Collecting|Successfully installed)' \
          | cut -c1-100 >&2; [ "${PIPESTATUS[0]}" -eq 0 ]; }; then
     _log "pip install failed; full log: $VLA_RL_HOME/install.log"

@@ -1,10 +1,12 @@
 """Several processes, one loop: everything the trainer and the learners need to run under ``accelerate`` / ``torchrun``.
 
-``torchrun --nproc_per_node N -m vla_rl train ...`` or ``accelerate launch --multi_gpu --num_processes N -m vla_rl
-train ...`` starts N copies of the same loop (ranks). :meth:`Distributed.from_environment` reads the launcher's
-variables and builds an :class:`accelerate.Accelerator` (gloo on CPUs, NCCL on GPUs); a run started without a
-launcher gets :data:`SINGLE`, whose every method is the identity, so single-process runs execute exactly the code
-they executed before this module existed. What each rank does, and what keeps its meaning across ranks:
+``torchrun --nproc_per_node N -m vla_rl train ...``, ``accelerate launch --multi_gpu --num_processes N -m vla_rl
+train ...`` or, on CPUs through MPI, ``accelerate launch --cpu --num_processes N --mpirun_hostfile
+configs/accelerate/localhost.hostfile -m vla_rl train ...`` starts N copies of the same loop (ranks).
+:meth:`Distributed.from_environment` reads the launcher's variables (torchrun's or MPI's) and builds an
+:class:`accelerate.Accelerator` (gloo on CPUs, NCCL on GPUs); a run started without a launcher gets :data:`SINGLE`,
+whose every method is the identity, so single-process runs execute exactly the code they executed before this module
+existed. What each rank does, and what keeps its meaning across ranks:
 
 - **envs**: ``env.num_envs`` is the total over all ranks; rank ``r`` steps the ``num_envs / N`` envs
   ``[r * n, (r + 1) * n)`` of the run and seeds them as those envs (:meth:`Distributed.env_shard`); iteration
@@ -31,6 +33,7 @@ they executed before this module existed. What each rank does, and what keeps it
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import math
@@ -94,16 +97,17 @@ class Distributed:
         """:data:`SINGLE` without a launcher; otherwise the process group of the launcher's ranks.
 
         Raises:
-            ConfigError: for ``accelerate launch --cpu --num_processes N>1``, which starts one process in
-                accelerate 1.15 (its multi-CPU path is mpirun's); the message says what to run instead.
+            ConfigError: for ``accelerate launch --cpu --num_processes N>1`` without ``--mpirun_hostfile``, which
+                starts one process in accelerate 1.15 (its multi-CPU path is mpirun's); the message says what to add.
         """
         world = launched_world_size()
         if world <= 1:
             if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" and os.environ.get("MASTER_ADDR"):
                 raise ConfigError(
-                    "accelerate launch --cpu --num_processes N started one process (accelerate's multi-CPU launch "
-                    "needs mpirun and --mpirun_hostfile); run `accelerate launch --multi_gpu --num_processes N` "
-                    "(gloo on a CPU machine) or `torchrun --nproc_per_node N` instead (docs/scaling.md)")
+                    "accelerate launch --cpu --num_processes N started one process: accelerate starts N CPU "
+                    "processes through mpirun, so add `--mpirun_hostfile configs/accelerate/localhost.hostfile` "
+                    "(MPICH: pip install 'vla-rl[mpi]'), or run `accelerate launch --multi_gpu --num_processes N` "
+                    "(gloo on a CPU machine) or `torchrun --nproc_per_node N` (docs/scaling.md)")
             return SINGLE
         _die_with_launcher()
         from accelerate import Accelerator
@@ -115,6 +119,10 @@ class Distributed:
         acc = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
         if acc.num_processes != world:
             raise ConfigError(f"the launcher started {world} processes but accelerate joined {acc.num_processes}")
+        # Leave the process group when the process exits, after the DDP model is gone: a gloo rank that exits inside
+        # it can abort in C++ teardown ("terminate called without an active exception"), which mpirun reports as a
+        # failed run; destroying it while the model is still alive can hang instead.
+        atexit.register(acc.end_training)
         return cls(acc)
 
     @property
@@ -265,7 +273,13 @@ class Distributed:
 
 def _die_with_launcher() -> None:
     """Ask Linux to kill this rank when its launcher dies (``kill -9`` of ``accelerate launch`` / ``torchrun``):
-    a rank must never outlive it and keep writing into a run folder that is being resumed."""
+    a rank must never outlive it and keep writing into a run folder that is being resumed.
+
+    torchrun (and ``accelerate launch --multi_gpu``, which runs torchrun's code in its own process) is the rank's
+    parent: ``PR_SET_PDEATHSIG`` covers it. ``accelerate launch --cpu --mpirun_hostfile`` starts ``mpirun``, whose
+    proxy is the parent; ``mpirun`` outlives a ``kill -9`` of ``accelerate``, so the rank also watches the
+    ``accelerate`` process itself (:func:`_watch_mpi_launcher`).
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -275,6 +289,50 @@ def _die_with_launcher() -> None:
         return
     if os.getppid() == 1:  # the launcher died before the call
         os.kill(os.getpid(), signal.SIGKILL)
+    _watch_mpi_launcher()
+
+
+_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")  # set by MPICH / Intel MPI, Open MPI in every rank
+_MPI_MANAGERS = ("mpiexec", "mpirun", "hydra_", "prte", "orte")  # name prefixes of MPI's process managers
+
+
+def _watch_mpi_launcher() -> None:
+    """For a rank that MPI started under ``accelerate launch --cpu``: SIGKILL this rank when that ``accelerate``
+    process exits (``mpirun`` then ends the other ranks). Nothing for other launchers, or for ``mpirun`` started
+    by hand (a shell that exits must not end the run)."""
+    if not any(os.environ.get(v) for v in _MPI_RANK_VARS) or "ACCELERATE_USE_CPU" not in os.environ:
+        return
+    import threading
+
+    import psutil
+
+    try:
+        proc = psutil.Process().parent()
+        while proc is not None and proc.name().startswith(_MPI_MANAGERS):
+            proc = proc.parent()
+        if proc is None or proc.pid == 1:  # mpirun was orphaned: accelerate is already gone
+            os.kill(os.getpid(), signal.SIGKILL)
+            return
+        if "accelerate" not in " ".join(proc.cmdline()):
+            return
+    except psutil.Error:  # a process of the chain exited while it was read: the launch is ending anyway
+        return
+    pid = proc.pid
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(pid)  # readable once the process exits
+        except ProcessLookupError:
+            os.kill(os.getpid(), signal.SIGKILL)
+        except OSError:  # kernels before 5.3: poll
+            psutil.Process(pid).wait()
+        else:
+            import select
+
+            select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="vla-rl-launcher-watch", daemon=True).start()
 
 
 SINGLE = Distributed()

@@ -7,6 +7,7 @@ then the all-reduce average), which changes float32 sums in their last bits (and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -62,8 +63,10 @@ def test_accelerate_cpu_launch_that_starts_one_process_is_a_config_error(monkeyp
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    with pytest.raises(ConfigError, match="--multi_gpu"):
+    with pytest.raises(ConfigError, match="--multi_gpu") as err:
         Distributed.from_environment()
+    assert "--mpirun_hostfile configs/accelerate/localhost.hostfile" in str(err.value)
+    assert (ROOT / "configs" / "accelerate" / "localhost.hostfile").is_file()
 
 
 def test_uneven_shard_names_the_field() -> None:
@@ -77,12 +80,18 @@ def test_uneven_shard_names_the_field() -> None:
     assert Two().env_shard(4, 10) == (2, 12)
 
 
-LAUNCH = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29533", "-m", "vla_rl"]
+LAUNCHES = {  # torchrun's code inside accelerate; accelerate's multi-CPU launch through MPICH's mpirun
+    "multi_gpu": ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29533",
+                  "-m", "vla_rl"],
+    "cpu_mpi": ["accelerate", "launch", "--cpu", "--num_processes", "2", "--main_process_port", "29534",
+                "--mpirun_hostfile", "configs/accelerate/localhost.hostfile", "-m", "vla_rl"],
+}
 SMOKE = ["train", "--smoke", "true", "--env.id", "mujoco/pick-red", "--policy.type", "compact-flow", "--seed", "3"]
 
 
-@pytest.mark.slow  # ~1-2 min: two launches of two ranks each
-def test_accelerate_launch_two_ranks_smoke_run_survives_kill_9_of_the_launcher(tmp_path: Path) -> None:
+@pytest.mark.slow  # ~1 min each: two launches of two ranks each
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+def test_accelerate_launch_two_ranks_smoke_run_survives_kill_9_of_the_launcher(launch: str, tmp_path: Path) -> None:
     import json
     import signal
     import time
@@ -91,20 +100,26 @@ def test_accelerate_launch_two_ranks_smoke_run_survives_kill_9_of_the_launcher(t
 
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "ACCELERATE_USE_CPU": "false"}
-    for var in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for var in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         env.pop(var, None)
-    cmd = [*LAUNCH, *SMOKE, "--run_dir", str(run_dir)]
+    cmd = [*LAUNCHES[launch], *SMOKE, "--run_dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = run_dir / "checkpoints" / "iter_000001"
     deadline = time.monotonic() + 240
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert first.exists(), (proc.communicate()[0] or "")[-3000:] if proc.poll() is not None else "no checkpoint in time"
-    ranks = psutil.Process(proc.pid).children(recursive=True)
+    ranks = psutil.Process(proc.pid).children(recursive=True)  # with MPI: mpirun, its proxy and the ranks
+    for p in ranks:  # frozen mid-run, so that they cannot simply finish the last iteration before they are checked
+        p.suspend()
     os.kill(proc.pid, signal.SIGKILL)  # the launcher; its ranks must not outlive it
     proc.wait()
+    for p in ranks:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.resume()
     gone, alive = psutil.wait_procs(ranks, timeout=30)
     assert not alive, f"ranks outlived the launcher: {[p.pid for p in alive]}"
+    assert not (run_dir / "eval_after.json").exists(), "the ranks went on training after the launcher died"
     logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     done_before_kill = sum(1 for r in logged if "update/loss" in r)
 
@@ -121,6 +136,18 @@ def test_accelerate_launch_two_ranks_smoke_run_survives_kill_9_of_the_launcher(t
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert rows[-1]["step"] > 0 and "eval/success" in rows[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "one run folder, one set of logs"
+
+
+def test_cpu_mpi_config_is_the_cpu_launch_with_the_shipped_hostfile() -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / "cpu_mpi.yaml"))
+    assert cfg.distributed_type == DistributedType.MULTI_CPU and cfg.use_cpu and cfg.num_processes == 2
+    hostfile = ROOT / cfg.mpirun_config["mpirun_hostfile"]
+    assert hostfile == ROOT / LAUNCHES["cpu_mpi"][LAUNCHES["cpu_mpi"].index("--mpirun_hostfile") + 1]
+    hosts = [x for x in hostfile.read_text().splitlines() if x.strip() and not x.startswith("#")]
+    assert hosts == ["localhost"]
 
 
 def test_fsdp_config_for_pi0_names_layer_classes_that_exist() -> None:
