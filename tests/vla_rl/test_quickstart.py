@@ -113,6 +113,20 @@ def test_quickstart_demo_training_and_eval_seeds_are_disjoint():
         assert not checks & (held_out | training | demos)
 
 
+def test_the_quickstart_hands_its_demos_to_a_learner_that_mixes_demos():
+    """``--algo.type filtered_bc`` without ``--algo.demos`` trains on the quickstart's own demo cache; a given path
+    is kept; PPO's config is passed through unchanged."""
+    from vla_rl.algorithms.filtered_bc import FilteredBCConfig
+    from vla_rl.commands.quickstart import QuickstartConfig, _demo_root, _train_config
+
+    cfg = QuickstartConfig(seed=1, algo=FilteredBCConfig())
+    assert _train_config(cfg, Path("/nonexistent-run"), policy_path="").algo.demos == str(_demo_root(cfg))
+    mine = QuickstartConfig(seed=1, algo=FilteredBCConfig(demos="/my/demos"))
+    assert _train_config(mine, Path("/nonexistent-run"), policy_path="").algo.demos == "/my/demos"
+    ppo = QuickstartConfig(seed=1)
+    assert _train_config(ppo, Path("/nonexistent-run"), policy_path="").algo == ppo.algo
+
+
 def test_flow_sde_ppo_raises_success_on_the_real_tabletop(tmp_path):
     """PPO with the compact flow policy, from a fixed seeded few-shot start, on ``mujoco/pick-any`` (~5 min alone).
 
