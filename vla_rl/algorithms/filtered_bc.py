@@ -20,7 +20,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import IterationInputs, LearnerConfig, Needs, SmokeLimits, register_learner
@@ -109,7 +108,7 @@ class FilteredBCLearner(SFTLearner):
                 self.demos = load_chunks(self.cfg.demos, policy_inputs(self.policy), self.policy.chunk_size)
             self.buffer = SuccessBuffer(self.cfg.buffer_size, list(self.demos.obs) if self.demos is not None else None)
         if self.updater is None:  # the policy keeps its normalization: it is fine-tuned, not pre-trained
-            self.updater = self._start_updater()
+            self.updater = self._start(None)
         if inputs.reset:
             engine.reset(seed=inputs.seed_base)
             self.buffer.forget_running()
@@ -120,16 +119,6 @@ class FilteredBCLearner(SFTLearner):
             source, gen = self._source(), self.updater.generator
             self._batches = [source.sample(self.cfg.batch_size, gen) for _ in range(self.cfg.steps_per_iter)]
         return rollout
-
-    def _start_updater(self) -> Any:
-        from vla_rl.sft import SFTUpdater
-
-        updater = SFTUpdater(self.policy, self.cfg, seed=torch.initial_seed() % (2**63))
-        if self._pending_state is not None:
-            updater.load_state_dict(self._pending_state)
-            self._pending_state = None
-        updater.call = self.call
-        return updater
 
     def update(self, batch: Rollout) -> dict[str, float]:
         """``steps_per_iter`` supervised steps on the minibatches :meth:`collect` drew (none before ``min_buffer``)."""

@@ -62,8 +62,9 @@ class SFTLearner(Learner):
         self._pending_rank_state: dict[str, Any] | None = None
 
     def _start(self, data: Any) -> SFTUpdater:
-        """Fit the normalization on the data (first run only) and build the updater (after it, as pretrain does)."""
-        if self.iteration == 0 and self._pending_state is None:
+        """Fit the normalization on the data (first run only; ``data`` None: keep the policy's) and build the
+        updater (after it, as pretrain does)."""
+        if data is not None and self.iteration == 0 and self._pending_state is None:
             self.policy.fit_normalization(*data.normalization_data())
         updater = SFTUpdater(self.policy, self.cfg, seed=torch.initial_seed() % (2**63))
         if self._pending_state is not None:
