@@ -20,7 +20,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-
 from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import IterationInputs, LearnerConfig, Needs, SmokeLimits, register_learner
 from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
