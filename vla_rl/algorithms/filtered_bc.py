@@ -98,13 +98,11 @@ class FilteredBCLearner(SFTLearner):
         """Play ``decisions_per_iter`` chunks per env, file them in the buffer and draw this iteration's
         minibatches (none while the buffer holds fewer than ``min_buffer`` decisions); returns the rollout, whose
         episodes the loop logs as any on-policy learner's."""
-        from vla_rl.data.dataset import load_chunks, policy_inputs
-
         engine = inputs.engine
         assert engine is not None, "filtered_bc collects rollouts: the loop must pass an engine"
         if self.buffer is None:
             if self.cfg.demos:
-                self.demos = load_chunks(self.cfg.demos, policy_inputs(self.policy), self.policy.chunk_size)
+                self.demos = self._load(self.cfg.demos)
             self.buffer = SuccessBuffer(self.cfg.buffer_size, list(self.demos.obs) if self.demos is not None else None)
         if self.updater is None:  # the policy keeps its normalization: it is fine-tuned, not pre-trained
             self.updater = self._start(None)
@@ -123,10 +121,13 @@ class FilteredBCLearner(SFTLearner):
         """``steps_per_iter`` supervised steps on the minibatches :meth:`collect` drew (none before ``min_buffer``)."""
         batches = self._batches
         assert self.buffer is not None
-        stats = super().update(batches) if batches else {"update/steps": 0.0}
-        if not batches:
+        if batches:
+            stats = super().update(batches)
+        else:
+            stats = {"update/steps": 0.0}
             self.iteration += 1
+        # rows of a mixed batch come from source 0 (the demos) or 1 (the buffer); a buffer-only batch has no source
+        demo_rows = sum(int((b.source == 0).sum()) for b in batches if b.source is not None)
         return {**stats, "update/buffer_decisions": float(len(self.buffer)),
                 "update/buffer_episodes": float(self.buffer.episodes_kept),
-                "update/demo_rows": float(sum(int((b.source == 0).sum()) for b in batches if b.source is not None)
-                                          / max(1, sum(len(b) for b in batches)) if self.demos is not None else 0.0)}
+                "update/demo_rows": demo_rows / max(1, sum(len(b) for b in batches))}

@@ -163,11 +163,6 @@ class RaCLearner(SFTLearner):
 
     # ------------------------------------------------------------ data
 
-    def _load(self, path: str) -> ChunkDataset:
-        from vla_rl.data.dataset import load_chunks, policy_inputs
-
-        return load_chunks(path, policy_inputs(self.policy), self.policy.chunk_size)
-
     def _build_mix(self) -> MixedSource:
         """Demos and the label-weighted intervention rows (sources with no row of positive weight, e.g. a round
         without a takeover, are left out).

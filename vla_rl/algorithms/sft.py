@@ -18,7 +18,7 @@ import torch
 
 from policies.base import Policy
 from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
-from vla_rl.data.chunks import ChunkBatch
+from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 from vla_rl.sft import SFTConfig, SFTUpdater
 
 
@@ -60,6 +60,12 @@ class SFTLearner(Learner):
         self.updater: SFTUpdater | None = None
         self._pending_state: dict[str, Any] | None = None
         self._pending_rank_state: dict[str, Any] | None = None
+
+    def _load(self, path: str) -> ChunkDataset:
+        """The LeRobotDataset at ``path`` as chunks of this policy's inputs and horizon (demos, extra data)."""
+        from vla_rl.data.dataset import load_chunks, policy_inputs
+
+        return load_chunks(path, policy_inputs(self.policy), self.policy.chunk_size)
 
     def _start(self, data: Any) -> SFTUpdater:
         """Fit the normalization on the data (first run only; ``data`` None: keep the policy's) and build the

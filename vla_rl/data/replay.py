@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from vla_core.keys import TASK
-from vla_rl.data.chunks import ChunkBatch
+from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 
 if TYPE_CHECKING:
     from vla_rl.rollout import Rollout
@@ -41,6 +41,7 @@ class SuccessBuffer:
         self.keys = keys
         self._obs: dict[str, Any] = {}
         self._actions: Tensor | None = None
+        self._mask: Tensor | None = None
         self._size = 0
         self._next = 0
         self._pending: dict[int, list[tuple[dict[str, Any], Tensor]]] = {}
@@ -54,6 +55,10 @@ class SuccessBuffer:
         """File every valid decision of ``rollout`` under its env's running episode; an episode that ended in
         the rollout moves into the buffer if it succeeded (:class:`vla_rl.rollout.EpisodeRecord`) and is
         dropped otherwise. Decisions of episodes still running wait for a later rollout."""
+        missing = [k for k in self.keys or () if k not in rollout.obs]
+        if missing:
+            raise KeyError(f"the rollout's observations lack {missing} (have {sorted(rollout.obs)})")
+        keys = self.keys if self.keys is not None else list(rollout.obs)
         ended = rollout.terminated | rollout.truncated
         outcomes: dict[int, list[bool]] = {}
         for ep in rollout.episodes:  # per env, in the order they ended
@@ -63,7 +68,7 @@ class SuccessBuffer:
             for b in range(b_len):
                 if not bool(rollout.valid[t, b]):
                     continue
-                obs = _row_obs(rollout.obs, t, b, self.keys)
+                obs = {k: (rollout.obs[k][t][b] if k == TASK else rollout.obs[k][t, b].clone()) for k in keys}
                 self._pending.setdefault(b, []).append((obs, rollout.actions[t, b]))
                 if bool(ended[t, b]):
                     queue = outcomes.get(b, [])
@@ -83,6 +88,7 @@ class SuccessBuffer:
     def _put(self, obs: dict[str, Any], action: Tensor) -> None:
         if self._actions is None:
             self._actions = torch.zeros((self.capacity, *action.shape), dtype=torch.float32)
+            self._mask = torch.ones(self._actions.shape[:2], dtype=torch.bool)  # every chunk step is the policy's
             for k, v in obs.items():
                 self._obs[k] = [""] * self.capacity if k == TASK else torch.zeros((self.capacity, *v.shape), dtype=v.dtype)
         i = self._next
@@ -100,20 +106,8 @@ class SuccessBuffer:
         """
         if not self._size:
             raise ValueError("SuccessBuffer is empty: no episode has succeeded yet")
-        idx = torch.randint(0, self._size, (batch_size,), generator=generator)
-        obs = {k: ([v[i] for i in idx.tolist()] if k == TASK else v[idx]) for k, v in self._obs.items()}
-        assert self._actions is not None
-        actions = self._actions[idx]
-        return ChunkBatch(obs=obs, actions=actions, mask=torch.ones(actions.shape[:2], dtype=torch.bool))
-
-
-def _row_obs(obs: dict[str, Any], t: int, b: int, keys: list[str] | None) -> dict[str, Any]:
-    """Decision ``t``'s observation of env ``b`` (tensors cloned off the rollout's storage), ``keys`` only.
-
-    Raises:
-        KeyError: naming a key of ``keys`` the rollout's observations lack.
-    """
-    missing = [k for k in keys or () if k not in obs]
-    if missing:
-        raise KeyError(f"the rollout's observations lack {missing} (have {sorted(obs)})")
-    return {k: (obs[k][t][b] if k == TASK else obs[k][t, b].clone()) for k in (keys if keys is not None else obs)}
+        assert self._actions is not None and self._mask is not None
+        n = self._size
+        kept = ChunkDataset(obs={k: v[:n] for k, v in self._obs.items()}, actions=self._actions[:n],
+                            mask=self._mask[:n], episodes=self.episodes_kept)
+        return kept.sample(batch_size, generator)
