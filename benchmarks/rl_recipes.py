@@ -30,15 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import write_section  # noqa: E402
+from rl_ladder import metric_rows  # noqa: E402
 
 SECTION = "## Training the deployed policy (issue 16)"
 RESULTS = Path(__file__).resolve().parent / "results" / "rl_recipes.json"
 DIAGNOSTICS = ("update/approx_kl", "update/clip_fraction", "update/explained_variance")
-
-
-def _rows(run: Path) -> list[dict[str, Any]]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def _mean(values: list[float]) -> float | None:
@@ -48,7 +44,7 @@ def _mean(values: list[float]) -> float | None:
 def score(label: str, run: Path, rescored: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One run's row: seed, start / final success (zero-noise ODE, 400 held-out episodes) or, for a run stopped
     early, its rollouts' success at the start and the end; env steps, iterations, wall seconds, PPO diagnostics."""
-    rows = _rows(run)
+    rows = metric_rows(run)
     report = json.loads((run / "report.json").read_text()) if (run / "report.json").exists() else {}
     config = {}
     ckpts = sorted((run / "checkpoints").glob("iter_*/config.json"))
