@@ -186,7 +186,7 @@ class Trainer:
                 policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)  # resume_checkpoint verified it
             else:
                 policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
-            learner: Learner = self.learner_cls(cfg.algo, policy)
+            learner: Learner = self.learner_cls(cfg.algo.for_run(cfg.iterations), policy)
             if dist.enabled:  # same initial weights on every rank; from here on each rank draws its own noise
                 learner.to(dist.device)
                 learner.distribute(dist)

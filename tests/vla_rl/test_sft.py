@@ -165,3 +165,19 @@ def test_the_sft_learner_needs_a_dataset(tmp_path, capsys):
         run(["train", "--algo.type", "sft", *TINY, "--env.id", "mujoco/pick-red", "--env.obs_mode", "state",
              "--env.num_workers", "0", "--run_dir", str(tmp_path / "run"), "--logging.wandb", "false"])
     assert exc.value.code == 2 and "--data.path" in capsys.readouterr().err
+
+
+def test_the_sft_learners_schedule_spans_the_run_unless_given():
+    """``algo.steps`` 0 (the default of the SFT-style learners) becomes ``iterations x steps_per_iter`` when the
+    trainer builds the learner; a given length is kept, and an unresolved 0 is refused instead of a 1-step schedule."""
+    from vla_rl.algorithms.filtered_bc import FilteredBCConfig
+    from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
+
+    assert SFTLearnerConfig(steps_per_iter=40).for_run(3).steps == 120
+    assert FilteredBCConfig().for_run(200).steps == 200 * FilteredBCConfig().steps_per_iter
+    assert FilteredBCConfig(steps=50).for_run(200).steps == 50
+    with pytest.raises(ValueError, match="algo.steps"):
+        SFTLearnerConfig(steps=-1)
+    learner = SFTLearner(SFTLearnerConfig(), torch.nn.Linear(1, 1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="for_run"):
+        learner._start(None)

@@ -117,6 +117,11 @@ class LearnerConfig(draccus.ChoiceRegistry):
     def check_run(self, num_envs: int) -> None:
         """Raise ``ValueError`` naming the field when this config cannot run with ``num_envs`` training envs."""
 
+    def for_run(self, iterations: int) -> LearnerConfig:
+        """This config with the settings that follow from the run's length resolved (an SFT-style learner's
+        learning-rate schedule spans ``iterations x steps_per_iter`` unless it was given). Default: unchanged."""
+        return self
+
     def with_default_demos(self, path: str) -> LearnerConfig:
         """This config with ``path`` as its demo dataset, where it mixes demos into its batches and none was
         given (the quickstart passes the demos it collected). Default: unchanged."""

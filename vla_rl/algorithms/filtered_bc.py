@@ -32,13 +32,11 @@ from vla_rl.rollout import Rollout
 @dataclass
 class FilteredBCConfig(SFTLearnerConfig):
     """Success-filtered self-imitation (``--algo.type filtered_bc``): SFT settings (``lr``, ``batch_size``,
-    ``image_shift``, ...; ``steps`` is the cosine schedule's length, keep it at ``iterations x steps_per_iter``)
-    plus collection and the data mix."""
+    ``image_shift``, ...; ``steps`` is the cosine schedule's length, by default the run's
+    ``iterations x steps_per_iter``) plus collection and the data mix."""
 
     lr: float = 1e-4
     """AdamW learning rate (cosine-decayed to 10% over ``steps``)."""
-    steps: int = 1600
-    """Length of the learning-rate schedule in gradient steps (after it the rate stays at 10%)."""
     batch_size: int = 64
     """Rows per gradient step."""
     steps_per_iter: int = 8

@@ -11,6 +11,7 @@ same updater in a plain loop (:func:`vla_rl.sft.pretrain`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,11 @@ from vla_rl.sft import SFTConfig, SFTUpdater
 @dataclass
 class SFTLearnerConfig(SFTConfig, LearnerConfig):
     """Supervised fine-tuning on ``--data.path`` (``--algo.type sft``); ``steps`` is the cosine schedule's length
-    (keep it at ``iterations x steps_per_iter``; after it the learning rate stays at 10%) and ``episodes`` is
-    ignored (``--data.episodes`` chooses them)."""
+    (0, the default: the run's ``iterations x steps_per_iter``; after it the learning rate stays at 10%) and
+    ``episodes`` is ignored (``--data.episodes`` chooses them)."""
 
+    steps: int = 0
+    """Length of the learning-rate schedule in gradient steps; 0 = the run's ``iterations x steps_per_iter``."""
     steps_per_iter: int = 100
     """Gradient steps per training iteration (between evaluations and checkpoints)."""
 
@@ -35,13 +38,18 @@ class SFTLearnerConfig(SFTConfig, LearnerConfig):
         super().__post_init__()
         if self.steps_per_iter < 1:
             raise ValueError(f"algo.steps_per_iter must be >= 1, got {self.steps_per_iter}")
+        if self.steps < 0:
+            raise ValueError(f"algo.steps must be >= 0 (0 = iterations x steps_per_iter), got {self.steps}")
         if self.ema or self.stop_at_success:
             raise ValueError("algo.ema / algo.stop_at_success: the training loop evaluates and checkpoints the live "
                              "weights every iteration; use `vla-rl sft` for EMA weights or a success-based stop")
 
-    def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
-        import dataclasses
+    def for_run(self, iterations: int) -> LearnerConfig:
+        if self.steps:
+            return self
+        return dataclasses.replace(self, steps=max(1, iterations * self.steps_per_iter))
 
+    def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
         small = dataclasses.replace(self, steps_per_iter=min(self.steps_per_iter, 4),
                                     batch_size=min(self.batch_size, limits.max_minibatch))
         return small, min(num_envs, limits.max_envs)
@@ -72,6 +80,9 @@ class SFTLearner(Learner):
         updater (after it, as pretrain does)."""
         if data is not None and self.iteration == 0 and self._pending_state is None:
             self.policy.fit_normalization(*data.normalization_data())
+        if self.cfg.steps < 1:
+            raise ValueError(f"algo.steps={self.cfg.steps}: resolve the schedule's length with "
+                             "cfg.for_run(iterations) before building the learner (the trainer does)")
         updater = SFTUpdater(self.policy, self.cfg, seed=torch.initial_seed() % (2**63))
         if self._pending_state is not None:
             updater.load_state_dict(self._pending_state)
