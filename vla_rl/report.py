@@ -15,7 +15,8 @@ from vla_rl.timing import BREAKDOWN
 PLOTS = {
     "success.png": ("Success rate", ["rollout/success", "eval/success"]),
     "return.png": ("Episode return", ["rollout/return", "eval/return"]),
-    "losses.png": ("Losses", ["update/policy_loss", "update/value_loss", "update/entropy"]),
+    # PPO / GRPO's terms, and the supervised learners' (sft, filtered_bc, rac) one loss
+    "losses.png": ("Losses", ["update/policy_loss", "update/value_loss", "update/entropy", "update/loss"]),
     "time.png": ("Seconds per iteration by stage", list(BREAKDOWN)),
 }
 

@@ -213,10 +213,10 @@ def test_an_override_keeps_the_sections_other_factory_defaults():
 
     default = QuickstartConfig()
     cfg = parse_config(QuickstartConfig, ["--env.num_workers", "2", "--policy.value_placement", "state",
-                                          "--sft.steps", "50", "--algo.kl_coef", "0.5"])
+                                          "--sft.steps", "50", "--algo.demo_ratio", "0.5"])
     assert cfg.env == dataclasses.replace(default.env, num_workers=2)
     assert cfg.sft == dataclasses.replace(default.sft, steps=50)
-    assert cfg.algo == dataclasses.replace(default.algo, kl_coef=0.5)
+    assert cfg.algo == dataclasses.replace(default.algo, demo_ratio=0.5)
     assert (cfg.policy.chunk_size, cfg.policy.sampler) == (default.policy.chunk_size, default.policy.sampler)
     assert cfg.policy.value_placement.value == "state"
     assert parse_config(QuickstartConfig, []) == default

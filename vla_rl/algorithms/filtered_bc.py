@@ -35,8 +35,9 @@ class FilteredBCConfig(SFTLearnerConfig):
     ``image_shift``, ...; ``steps`` is the cosine schedule's length, by default the run's
     ``iterations x steps_per_iter``) plus collection and the data mix."""
 
-    lr: float = 1e-4
-    """AdamW learning rate (cosine-decayed to 10% over ``steps``)."""
+    lr: float = 1e-3
+    """AdamW learning rate (cosine-decayed to 10% over ``steps``); the quickstart's seeds gain most at 1e-3, the
+    rate of pre-training (docs/benchmarks.md, "Training the deployed policy")."""
     batch_size: int = 64
     """Rows per gradient step."""
     steps_per_iter: int = 8
