@@ -89,7 +89,8 @@ def ppo(seed: int, pre: Path, base: Path, env_steps: int, episodes: int, extra: 
     if not run_dir.exists():
         shutil.copytree(pre, run_dir / "sft_policy")
     iters = max(1, math.ceil(env_steps / PPO_STEPS_PER_ITER))
-    wall = _run(_cli("quickstart", "--seed", str(seed), "--iterations", str(iters), "--eval_episodes", str(episodes),
+    wall = _run(_cli("quickstart", "--preset", "quickstart_ppo", "--seed", str(seed), "--iterations", str(iters),
+                     "--eval_episodes", str(episodes),
                      "--run_dir", str(run_dir), "--demo_cache", str(base / "demos"), "--resume", "true",
                      "--logging.wandb", "false", *extra))
     rep = json.loads((run_dir / "report.json").read_text())

@@ -111,6 +111,7 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
     """``vla-rl quickstart`` with the RL stage's reward replaced by ``reward`` (a RewardConfig)."""
     import shutil
 
+    from vla_rl.cli import parse_config
     from vla_rl.commands import quickstart as qs
 
     original = qs._train_config
@@ -123,9 +124,11 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
         if sft_from is not None and not (run_dir / "sft_policy").exists():  # the same pre-trained start
             run_dir.mkdir(parents=True, exist_ok=True)
             shutil.copytree(sft_from / "sft_policy", run_dir / "sft_policy")
-        cfg = qs.QuickstartConfig(seed=seed, run_dir=str(run_dir), iterations=iterations, eval_every=eval_every,
-                                  resume=run_dir.exists(), eval_episodes=eval_episodes,
-                                  logging=dataclasses.replace(qs.LoggingConfig(), wandb=False, tensorboard=False))
+        # the quickstart with its Flow-SDE PPO stage: the reward drives the update (filtered_bc reads success only)
+        cfg = dataclasses.replace(
+            parse_config(qs.QuickstartConfig, ["--preset", "quickstart_ppo"]), seed=seed, run_dir=str(run_dir),
+            iterations=iterations, eval_every=eval_every, resume=run_dir.exists(), eval_episodes=eval_episodes,
+            logging=dataclasses.replace(qs.LoggingConfig(), wandb=False, tensorboard=False))
         return qs.run_quickstart(cfg)
     finally:
         qs._train_config = original
@@ -185,7 +188,7 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=400, help="training and held-out episodes each (classifier)")
     p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
-    p.add_argument("--iterations", type=int, default=200, help="PPO iterations (quickstart's default)")
+    p.add_argument("--iterations", type=int, default=200, help="PPO iterations (the quickstart_ppo preset's length)")
     p.add_argument("--eval_every", type=int, default=25, help="prm: evaluate every this many iterations")
     p.add_argument("--prm_weight", type=float, default=1.0)
     p.add_argument("--eval_episodes", type=int, default=400, help="held-out episodes per RL evaluation")
