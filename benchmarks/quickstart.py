@@ -121,7 +121,7 @@ def main() -> None:
         f"solved by the deterministic (ODE, zero initial noise) policy before and after the RL stage ({algorithm}), "
         "same seeds for both; 95% Wilson CI. Wall time covers demos, pre-training, RL and both evaluations, "
         "each seed alone. "
-        f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch {torch.__version__}, no GPU, "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, no GPU, "
         f"OMP_NUM_THREADS=1, load average {load:.1f} at the end.",
         "",
         table(rows),
