@@ -64,10 +64,10 @@ def pretrain(seed: int, base: Path, extra: list[str]) -> tuple[Path, float]:
     wall = 0.0
     policy = run_dir / "sft_policy"
     if not (policy / "config.json").exists():
-        # the quickstart's report step needs an RL evaluation, which 0 iterations do not make: only the policy counts
+        # 0 iterations: demos and pre-training, one evaluation episode (only the policy counts here)
         wall = _run(_cli("quickstart", "--seed", str(seed), "--iterations", "0", "--eval_episodes", "1",
                          "--run_dir", str(run_dir), "--demo_cache", str(base / "demos"), "--logging.wandb", "false",
-                         *(["--resume", "true"] if run_dir.exists() else []), *extra), check=False)
+                         *(["--resume", "true"] if run_dir.exists() else []), *extra))
         if not (policy / "config.json").exists():
             raise RuntimeError(f"the quickstart wrote no pre-trained policy at {policy}")
     return policy, wall

@@ -303,6 +303,8 @@ class Trainer:
                         ckpt.mark_best(self.ckpt_dir, saved, best)
                 after_row.stop("checkpoint")
         bar.close()
+        if last is None and start_iter == cfg.iterations == 0:  # nothing trained: the start is the result
+            last = first
         if last is not None:
             self._write_eval(last, "after")
         return {"before": first, "after": last, "run_dir": str(self.run_dir), "env_steps": engine.total_env_steps,

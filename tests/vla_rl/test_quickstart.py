@@ -56,6 +56,10 @@ def test_quickstart_toy_pipeline(tmp_path, capsys):
     # (the stopping itself is unit-tested in tests/policies; a toy policy rarely succeeds)
     assert second["sft_steps"] == (4 if second["sft_check_success"] > 0 else 10)
     assert second["algorithm"] == "filtered_bc + flow_sde" and second["iterations"] == 1
+    # No RL at all: the report scores the pre-trained policy on both sides (it used to crash looking for an after)
+    none = vla_rl(["quickstart", *TOY, "--demo_cache", str(cache), "--run_dir", str(tmp_path / "run0"),
+                   "--iterations", "0"])
+    assert none["success_after"] == none["success_before"] and none["env_steps"] == 0
 
 
 def test_ctrl_c_during_rl_then_resume_finishes(tmp_path):
