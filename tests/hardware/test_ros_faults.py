@@ -195,7 +195,9 @@ def test_arm_node_dies_mid_episode(tmp_path, ros_domain):
     finally:
         sim.stop()
     assert report.stop_reason.startswith("watchdog: stale_observation")
-    assert ended - kill.fired_at < 0.25 + 0.5 + 1.5, "the runner did not stop promptly after the arm died"
+    # stale limit + hold + slack for a loaded machine (a shared 2-core run measured 3.1 s); a runner that never
+    # stopped would play on to the episode's end, more than 5 s after the kill
+    assert ended - kill.fired_at < 0.25 + 0.5 + 2.75, "the runner did not stop promptly after the arm died"
     assert report.holds_sent >= 3  # held position before stopping
     assert len(log) >= 15
     assert_commands_within_envelope(log, sim.lower, sim.upper, MAX_DELTA)
