@@ -9,6 +9,17 @@ initial noise (before ``sampler.eval_noise``) is scored again from zero noise on
 
     python benchmarks/rl_ceiling.py --runs runs/ladder/flow-camera-s0/rl runs/ladder/flow-camera-s1/rl \\
         --continued runs/ceiling/s0-cont [--write docs/benchmarks.md]
+
+The ceiling preset (``configs/pick_any_ceiling.yaml``: the quickstart pre-trained to a >= 0.4 start, then its RL
+stage for longer) runs per seed with ``--preset``, one seed after the other, each in its own process and run
+folder (a seed whose folder already holds a ``report.json`` is read, not run again); runs made otherwise (for
+example from a copied pre-trained policy, ``vla-rl quickstart --resume true``) are read with ``--recipe``:
+
+    python benchmarks/rl_ceiling.py --runs ... --preset pick_any_ceiling --seeds 0 1 2 --out runs/ceiling \\
+        [--recipe "LABEL=DIR,DIR,DIR"] [--write docs/benchmarks.md]
+
+A recipe row gives every evaluation on the way (success against the RL stage's own wall time, the sum of its
+iterations' ``time/iteration_s``, evaluations included), the final success and when the run first reached 0.90.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import write_section  # noqa: E402
 from rl_ladder import curve, episodes, eval_noise, metric_rows  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "rl_ceiling.json"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "rl_ceiling.json"
+PLOT = ROOT / "docs" / "img" / "rl_ceiling.png"
 TARGET_MEDIAN, TARGET_EACH, TARGET_WALL = 0.90, 0.85, 3600
 
 
@@ -63,6 +77,84 @@ def extend(base: dict[str, Any], cont: Path) -> dict[str, Any]:
             "curve_continued": [(p["env_steps"], p["success"]) for p in points]}
 
 
+def recipe_run(label: str, run: Path, ran_wall: float | None = None) -> dict[str, Any]:
+    """One seed of a recipe: its evaluations against RL wall seconds, final success, first time at the target."""
+    report = json.loads((run / "report.json").read_text())
+    rows = metric_rows(run)
+    points, rl_wall = [], 0.0
+    for r in rows:
+        rl_wall += r.get("time/iteration_s", 0.0)
+        if "eval/success" in r:
+            points.append({"env_steps": r["step"], "success": r["eval/success"], "lo": r["eval/success_ci_low"],
+                           "hi": r["eval/success_ci_high"], "rl_wall_s": rl_wall})
+    reached = next((p for p in points[1:] if p["success"] >= TARGET_MEDIAN), None)
+    return {"recipe": label, "seed": report["seed"], "run_dir": str(run), "start": points[0]["success"],
+            "final": points[-1]["success"], "final_ci": [points[-1]["lo"], points[-1]["hi"]],
+            "best": max(p["success"] for p in points[1:]), "env_steps": points[-1]["env_steps"],
+            "episodes": episodes(rows), "rl_wall_s": points[-1]["rl_wall_s"],
+            "wall_s": ran_wall or report.get("wall_seconds"), "sft_steps": report.get("sft_steps"),
+            "iterations": report.get("iterations"), "curve": points,
+            "reached_target_at": None if reached is None else {"env_steps": reached["env_steps"],
+                                                                "rl_wall_s": reached["rl_wall_s"]}}
+
+
+def run_preset(preset: str, seed: int, out: Path, extra: list[str]) -> tuple[Path, float | None]:
+    """``vla-rl quickstart --preset PRESET --seed SEED`` in ``out/seed<SEED>`` (read, not re-run, once finished)."""
+    run_dir = out / f"seed{seed}"
+    if (run_dir / "report.json").exists():
+        return run_dir, None
+    cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--preset", preset, "--seed", str(seed),
+           "--run_dir", str(run_dir), *extra]
+    print("$", " ".join(cmd), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env)
+    if proc.returncode != 0 or not (run_dir / "report.json").exists():
+        raise SystemExit(f"rl_ceiling: {' '.join(cmd)} failed (exit code {proc.returncode})")
+    return run_dir, time.perf_counter() - t
+
+
+def recipe_table(rows: list[dict[str, Any]]) -> str:
+    marks = sorted({p["env_steps"] for r in rows for p in r["curve"][1:]})
+    lines = ["| recipe | seed | start | " + " | ".join(f"{m // 1000}k" for m in marks)
+             + " | final [95% CI] | gain | first >= 0.90 (RL min) | RL wall s | run wall s |",
+             "|---|---:|---:|" + "---:|" * len(marks) + "---|---:|---:|---:|---:|"]
+    for r in rows:
+        at = {p["env_steps"]: p["success"] for p in r["curve"][1:]}
+        lo, hi = r["final_ci"]
+        hit = r["reached_target_at"]
+        lines.append(f"| {r['recipe']} | {r['seed']} | {r['start']:.3f} | "
+                     + " | ".join(f"{at[m]:.3f}" if m in at else "-" for m in marks)
+                     + f" | {r['final']:.3f} [{lo:.2f}-{hi:.2f}] | {r['final'] - r['start']:+.3f} | "
+                     + (f"{hit['rl_wall_s'] / 60:.0f}" if hit else "no") + f" | {r['rl_wall_s']:.0f} | "
+                     + (f"{r['wall_s']:.0f}" if r.get("wall_s") else "-") + " |")
+    return "\n".join(lines)
+
+
+def recipe_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for r in rows:
+        xs = [p["rl_wall_s"] / 60 for p in r["curve"]]
+        ax.plot(xs, [p["success"] for p in r["curve"]], marker="o", ms=3, label=f"{r['recipe']} s{r['seed']}")
+        ax.fill_between(xs, [p["lo"] for p in r["curve"]], [p["hi"] for p in r["curve"]], alpha=0.12)
+    ax.axhline(TARGET_MEDIAN, color="k", lw=0.8, ls="--")
+    ax.axvline(TARGET_WALL / 60, color="k", lw=0.8, ls=":")
+    ax.set_xlabel("RL wall time (min)")
+    ax.set_ylabel("success (400 held-out, ODE from 0)")
+    ax.set_ylim(0.3, 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| seed | start | final [95% CI] | gain | env steps | episodes | wall s (shared machine) | run |",
              "|---:|---:|---|---:|---:|---:|---:|---|"]
@@ -80,8 +172,19 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, nargs="+", required=True, help="flow-camera run folders (with report.json)")
     ap.add_argument("--continued", type=Path, nargs="*", default=[],
                     help="continuation run folders, matched to --runs by seed")
+    ap.add_argument("--preset", default="", help="run this quickstart preset per --seeds (configs/NAME.yaml)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "ceiling", help="run folders of --preset")
+    ap.add_argument("--recipe", nargs="*", default=[], help="LABEL=DIR,DIR,...: finished runs of a recipe")
     ap.add_argument("--write", type=Path, default=None)
-    args = ap.parse_args()
+    args, extra = ap.parse_known_args()
+    recipes = []
+    for seed in args.seeds if args.preset else []:
+        run, wall = run_preset(args.preset, seed, args.out / args.preset, extra)
+        recipes.append(recipe_run(args.preset, run, wall))
+    for spec in args.recipe:
+        label, _, dirs = spec.partition("=")
+        recipes += [recipe_run(label, Path(d)) for d in dirs.split(",") if d]
     rows = [score(r) for r in args.runs]
     for cont in args.continued:
         seed = json.loads((cont / "report.json").read_text())["seed"] if (cont / "report.json").exists() else None
@@ -93,17 +196,29 @@ def main() -> None:
             "when": time.strftime("%Y-%m-%d %H:%M"),
             "targets": {"median_final": TARGET_MEDIAN, "each_final": TARGET_EACH, "wall_s": TARGET_WALL},
             "met": bool(finals) and finals[len(finals) // 2] >= TARGET_MEDIAN and finals[0] >= TARGET_EACH}
+    by_recipe: dict[str, list[float]] = {}
+    for r in recipes:
+        if r["rl_wall_s"] <= TARGET_WALL:
+            by_recipe.setdefault(r["recipe"], []).append(r["final"])
+    meta["recipes_met"] = {k: len(v) >= 3 and sorted(v)[len(v) // 2] >= TARGET_MEDIAN and min(v) >= TARGET_EACH
+                           for k, v in by_recipe.items()}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULTS.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    tmp.write_text(json.dumps({"meta": meta, "results": rows, "recipes": recipes}, indent=1))
     tmp.replace(RESULTS)
     print(table(rows))
+    if recipes:
+        print(recipe_table(recipes))
+        recipe_plot(recipes, PLOT)
     if args.write:
         write_section(args.write, "## RL ceiling on mujoco/pick-any (issue 16)",
                       f"`python benchmarks/rl_ceiling.py` ({meta['when']}; {meta['machine']}, shared with other runs: "
                       f"wall times are not a quiet machine's). Success = 400 held-out episodes, ODE from zero noise, "
                       f"95% Wilson interval. Targets: median >= {TARGET_MEDIAN}, every seed >= {TARGET_EACH}, within "
-                      f"{TARGET_WALL // 60} min: {'met' if meta['met'] else 'not met'}.\n\n{table(rows)}\n")
+                      f"{TARGET_WALL // 60} min: {'met' if meta['met'] else 'not met'}.\n\n{table(rows)}\n"
+                      + (f"\nRecipes (targets met within {TARGET_WALL // 60} min of RL: "
+                         + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in meta["recipes_met"].items())
+                         + f"):\n\n{recipe_table(recipes)}\n\n![ceiling](img/rl_ceiling.png)\n" if recipes else ""))
 
 
 if __name__ == "__main__":

@@ -138,6 +138,21 @@ def test_the_quickstart_hands_its_demos_to_a_learner_that_mixes_demos():
     assert _train_config(ppo, Path("/nonexistent-run"), policy_path="").algo == ppo.algo
 
 
+def test_the_ceiling_preset_is_the_quickstart_pre_trained_further_and_trained_longer():
+    """``--preset pick_any_ceiling`` (issue 16) keeps the quickstart's env, policy and RL stage and changes only
+    how far pre-training goes (to a 0.4 success check) and how long RL runs, so its runs compare with the
+    quickstart's; the trainer resolves its schedule to the longer run."""
+    from vla_rl.commands.quickstart import QuickstartConfig, _train_config
+
+    base = QuickstartConfig(seed=2)
+    ceiling = parse_config(QuickstartConfig, ["--preset", "pick_any_ceiling", "--seed", "2"])
+    assert ceiling.sft.stop_at_success == 0.4 and ceiling.sft.steps > base.sft.steps
+    assert ceiling.iterations >= 3 * base.iterations and ceiling.eval_every > 0
+    assert (ceiling.env, ceiling.policy, ceiling.algo) == (base.env, base.policy, base.algo)
+    train = _train_config(ceiling, Path("/nonexistent-run"), policy_path="")
+    assert train.algo.for_run(train.iterations).steps == ceiling.iterations * ceiling.algo.steps_per_iter
+
+
 def test_the_quickstart_raises_success_on_the_real_tabletop(tmp_path):
     """The quickstart's own RL stage (success-filtered self-imitation) from its seeded few-shot start, shortened
     to 60 iterations (its learning-rate schedule with them) and 128 held-out episodes per evaluation (~6 min
