@@ -16,7 +16,7 @@ failed episode is then
 - ``grasp``: it reached the target and failed to close on it (furthest stage ``reach``);
 - ``lift``: it grasped and did not lift it high enough, or dropped it.
 
-Numbers: ``benchmarks/results/failure_modes.json``; ``--write`` replaces ``## Failure modes`` of a markdown file.
+Numbers: ``benchmarks/results/failure_modes.json`` (``--append`` keeps the rows of other labels there); ``--write`` replaces ``## Failure modes`` of a markdown file.
 """
 
 from __future__ import annotations
@@ -129,10 +129,13 @@ def main() -> None:
     ap.add_argument("--num_envs", type=int, default=16)
     ap.add_argument("--num_steps", type=int, default=0, help="denoising steps (0: the policy's own)")
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--append", action="store_true", help="keep the rows of other labels already in the results")
     ap.add_argument("--write", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rows = []
+    rows = json.loads(RESULTS.read_text())["results"] if args.append and RESULTS.exists() else []
+    mine = {spec.partition("=")[0] for spec in args.policy}
+    rows = [r for r in rows if r["label"] not in mine]
     for spec in args.policy:
         label, sep, path = spec.partition("=")
         if not sep or not Path(path).is_dir():

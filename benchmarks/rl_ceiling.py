@@ -177,6 +177,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "ceiling", help="run folders of --preset")
     ap.add_argument("--recipe", nargs="*", default=[], help="LABEL=DIR,DIR,...: finished runs of a recipe")
     ap.add_argument("--write", type=Path, default=None)
+    ap.add_argument("--notes", type=Path, default=None, help="markdown appended under the tables (the reading)")
     args, extra = ap.parse_known_args()
     recipes = []
     for seed in args.seeds if args.preset else []:
@@ -218,7 +219,8 @@ def main() -> None:
                       f"{TARGET_WALL // 60} min: {'met' if meta['met'] else 'not met'}.\n\n{table(rows)}\n"
                       + (f"\nRecipes (targets met within {TARGET_WALL // 60} min of RL: "
                          + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in meta["recipes_met"].items())
-                         + f"):\n\n{recipe_table(recipes)}\n\n![ceiling](img/rl_ceiling.png)\n" if recipes else ""))
+                         + f"):\n\n{recipe_table(recipes)}\n\n![ceiling](img/rl_ceiling.png)\n" if recipes else "")
+                      + ("\n" + args.notes.read_text() if args.notes is not None else ""))
 
 
 if __name__ == "__main__":

@@ -153,6 +153,7 @@ def test_the_ceiling_preset_is_the_quickstart_pre_trained_further_and_trained_lo
     assert train.algo.for_run(train.iterations).steps == ceiling.iterations * ceiling.algo.steps_per_iter
 
 
+@pytest.mark.timeout(1800)  # ~7 min alone; a loaded 2-core machine (5 jobs) took 15 min for the same numbers
 def test_the_quickstart_raises_success_on_the_real_tabletop(tmp_path):
     """The quickstart's own RL stage (success-filtered self-imitation) from its seeded few-shot start, shortened
     to 60 iterations (its learning-rate schedule with them) and 128 held-out episodes per evaluation (~6 min
