@@ -12,11 +12,12 @@ initial noise (before ``sampler.eval_noise``) is scored again from zero noise on
 
 The ceiling preset (``configs/pick_any_ceiling.yaml``: the quickstart pre-trained to a >= 0.4 start, then its RL
 stage for longer) runs per seed with ``--preset``, one seed after the other, each in its own process and run
-folder (a seed whose folder already holds a ``report.json`` is read, not run again); runs made otherwise (for
+folder with fresh demos (``benchmarks/quickstart.py``'s runner: a seed whose folder already holds a
+``report.json`` is read, not run again); runs made otherwise (for
 example from a copied pre-trained policy, ``vla-rl quickstart --resume true``) are read with ``--recipe``:
 
     python benchmarks/rl_ceiling.py --runs ... --preset pick_any_ceiling --seeds 0 1 2 --out runs/ceiling \\
-        [--recipe "LABEL=DIR,DIR,DIR"] [--write docs/benchmarks.md]
+        [--recipe "LABEL=DIR,DIR,DIR"] [--write docs/benchmarks.md] [-- QUICKSTART ARGS]
 
 A recipe row gives every evaluation on the way (success against the RL stage's own wall time, the sum of its
 iterations' ``time/iteration_s``, evaluations included), the final success and when the run first reached 0.90.
@@ -28,14 +29,15 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_section  # noqa: E402
+from bench_report import split_passthrough, write_section  # noqa: E402
+from quickstart import run_seed  # noqa: E402
 from rl_ladder import curve, episodes, eval_noise, metric_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,16 +79,18 @@ def extend(base: dict[str, Any], cont: Path) -> dict[str, Any]:
             "curve_continued": [(p["env_steps"], p["success"]) for p in points]}
 
 
+def targets_met(finals: list[float]) -> bool:
+    """Issue 16's targets on per-seed final successes: the median seed >= 0.90 and every seed >= 0.85."""
+    ranked = sorted(finals)
+    return bool(ranked) and ranked[len(ranked) // 2] >= TARGET_MEDIAN and ranked[0] >= TARGET_EACH
+
+
 def recipe_run(label: str, run: Path, ran_wall: float | None = None) -> dict[str, Any]:
     """One seed of a recipe: its evaluations against RL wall seconds, final success, first time at the target."""
     report = json.loads((run / "report.json").read_text())
     rows = metric_rows(run)
-    points, rl_wall = [], 0.0
-    for r in rows:
-        rl_wall += r.get("time/iteration_s", 0.0)
-        if "eval/success" in r:
-            points.append({"env_steps": r["step"], "success": r["eval/success"], "lo": r["eval/success_ci_low"],
-                           "hi": r["eval/success_ci_high"], "rl_wall_s": rl_wall})
+    walls = [w for r, w in zip(rows, accumulate(r.get("time/iteration_s", 0.0) for r in rows)) if "eval/success" in r]
+    points = [{**p, "rl_wall_s": w} for p, w in zip(curve(rows), walls)]
     reached = next((p for p in points[1:] if p["success"] >= TARGET_MEDIAN), None)
     return {"recipe": label, "seed": report["seed"], "run_dir": str(run), "start": points[0]["success"],
             "final": points[-1]["success"], "final_ci": [points[-1]["lo"], points[-1]["hi"]],
@@ -96,22 +100,6 @@ def recipe_run(label: str, run: Path, ran_wall: float | None = None) -> dict[str
             "iterations": report.get("iterations"), "curve": points,
             "reached_target_at": None if reached is None else {"env_steps": reached["env_steps"],
                                                                 "rl_wall_s": reached["rl_wall_s"]}}
-
-
-def run_preset(preset: str, seed: int, out: Path, extra: list[str]) -> tuple[Path, float | None]:
-    """``vla-rl quickstart --preset PRESET --seed SEED`` in ``out/seed<SEED>`` (read, not re-run, once finished)."""
-    run_dir = out / f"seed{seed}"
-    if (run_dir / "report.json").exists():
-        return run_dir, None
-    cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--preset", preset, "--seed", str(seed),
-           "--run_dir", str(run_dir), *extra]
-    print("$", " ".join(cmd), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env)
-    if proc.returncode != 0 or not (run_dir / "report.json").exists():
-        raise SystemExit(f"rl_ceiling: {' '.join(cmd)} failed (exit code {proc.returncode})")
-    return run_dir, time.perf_counter() - t
 
 
 def recipe_table(rows: list[dict[str, Any]]) -> str:
@@ -178,11 +166,14 @@ def main() -> None:
     ap.add_argument("--recipe", nargs="*", default=[], help="LABEL=DIR,DIR,...: finished runs of a recipe")
     ap.add_argument("--write", type=Path, default=None)
     ap.add_argument("--notes", type=Path, default=None, help="markdown appended under the tables (the reading)")
-    args, extra = ap.parse_known_args()
+    own, extra = split_passthrough(sys.argv[1:])
+    args = ap.parse_args(own)
     recipes = []
-    for seed in args.seeds if args.preset else []:
-        run, wall = run_preset(args.preset, seed, args.out / args.preset, extra)
-        recipes.append(recipe_run(args.preset, run, wall))
+    for seed in args.seeds if args.preset else []:  # the quickstart benchmark's runner, with the preset
+        ran = run_seed(seed, args.out / args.preset, ["--preset", args.preset, *extra])
+        if "failed" in ran:
+            raise SystemExit(f"rl_ceiling: the {args.preset} run of seed {seed} failed ({ran['failed']})")
+        recipes.append(recipe_run(args.preset, args.out / args.preset / f"seed{seed}", ran["wall"]))
     for spec in args.recipe:
         label, _, dirs = spec.partition("=")
         recipes += [recipe_run(label, Path(d)) for d in dirs.split(",") if d]
@@ -196,12 +187,11 @@ def main() -> None:
     meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "load_avg_end": os.getloadavg()[0],
             "when": time.strftime("%Y-%m-%d %H:%M"),
             "targets": {"median_final": TARGET_MEDIAN, "each_final": TARGET_EACH, "wall_s": TARGET_WALL},
-            "met": bool(finals) and finals[len(finals) // 2] >= TARGET_MEDIAN and finals[0] >= TARGET_EACH}
+            "met": targets_met(finals)}
     by_recipe: dict[str, list[float]] = {}
     for r in recipes:  # a run past the wall budget counts as missing its target
         by_recipe.setdefault(r["recipe"], []).append(r["final"] if r["rl_wall_s"] <= TARGET_WALL else 0.0)
-    meta["recipes_met"] = {k: len(v) >= 3 and sorted(v)[len(v) // 2] >= TARGET_MEDIAN and min(v) >= TARGET_EACH
-                           for k, v in by_recipe.items()}
+    meta["recipes_met"] = {k: len(v) >= 3 and targets_met(v) for k, v in by_recipe.items()}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULTS.with_suffix(".tmp")
     tmp.write_text(json.dumps({"meta": meta, "results": rows, "recipes": recipes}, indent=1))
