@@ -1,28 +1,34 @@
 """Training throughput of the quickstart's RL stage: where an iteration's time goes, against the limits.
 
-    OMP_NUM_THREADS=1 python benchmarks/throughput.py [--policy DIR] [--repeats 3] [--iterations 4] [--write docs/benchmarks.md]
+    OMP_NUM_THREADS=1 python benchmarks/throughput.py [--policy DIR] [--demos DIR] [--repeats 3] [--iterations 4]
+        [--variants NAME,...] [--write docs/benchmarks.md]
 
-The quickstart's RL stage (``vla-rl quickstart`` defaults: ``mujoco/pick-any``, 32 envs on 2 worker processes,
-front + wrist cameras at 64x64, the compact flow policy with full-chain Flow-SDE, chunks of 4, PPO 6 decisions x 2
-epochs x minibatch 192) is built once per variant and timed, variants interleaved (ABAB...) so that all of them see
-the same load on a shared machine:
+The quickstart's RL stage (``mujoco/pick-any``, 32 envs on 2 worker processes, front + wrist cameras at 64x64, the
+compact flow policy, chunks of 4, 6 decisions per env per iteration) is built once per variant and timed, variants
+interleaved (ABAB...) so that all of them see the same load on a shared machine:
 
 - **env only**: the same envs executing the same number of chunks of random actions, no policy (the simulator limit);
-- **rollout**: ``RolloutEngine.collect`` with the policy acting (env steps / s);
-- **update**: the learner's update on that rollout;
+- **rollout**: the collection with the policy acting (env steps / s); with an overlapped update it includes
+  waiting for that update;
+- **update**: the learner's update as the loop waits for it (an overlapped update's own seconds are reported apart);
 - **iteration**: rollout + update (env steps / s of the whole loop); the RL stage at the quickstart's 200 iterations
   is estimated from it plus two 400-episode evaluations timed once.
 
-Variants are switches of the same code (the old path and the new one): ``--threads.update`` (torch threads while
-the env workers wait for the update; 1 = the previous behaviour) and ``--threads.rollout`` (threads while acting; the
-quickstart's collection is sequential, so acting and stepping never overlap). Medians over repeats; the ratios are
-what we track. Results: ``benchmarks/results/throughput.json`` and, with ``--write``, the section
-``## Training throughput`` of docs/benchmarks.md.
+Variants (``VARIANTS``) are switches of the same code:
+
+- the issue's starting point, the Flow-SDE PPO stage (``--preset quickstart_ppo``: full chain, 2 epochs x minibatch
+  192), with ``--threads.update`` / ``--threads.rollout`` at 1 (the first row every ratio is taken against) or 2;
+- the quickstart's own stage since session 11, ``filtered_bc`` (8 supervised steps of 64 rows per iteration), with
+  ``--algo.overlap`` off and on (the update of each iteration trains in a thread while the next one collects).
+
+Medians over repeats; the ratios are what we track. Results: ``benchmarks/results/throughput.json`` and, with
+``--write``, the section ``## Training throughput`` of docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -43,11 +49,16 @@ from bench_report import write_section  # noqa: E402
 
 SECTION = "## Training throughput"
 RESULTS = ROOT / "benchmarks" / "results" / "throughput.json"
-VARIANTS = {
-    "before (1 thread)": {"update_threads": 1, "rollout_threads": 1},
-    "update on 2 threads": {"update_threads": 2, "rollout_threads": 1},
-    "update + acting on 2 threads": {"update_threads": 2, "rollout_threads": 2},
+VARIANTS: dict[str, dict[str, Any]] = {
+    "PPO 1 thread (issue start)": {"algo": "ppo", "update_threads": 1, "rollout_threads": 1},
+    "PPO update on 2 threads": {"algo": "ppo", "update_threads": 2, "rollout_threads": 1},
+    "PPO update + acting on 2 threads": {"algo": "ppo", "update_threads": 2, "rollout_threads": 2},
+    "filtered_bc (quickstart)": {"algo": "filtered_bc", "overlap": False},
+    "filtered_bc overlapped update": {"algo": "filtered_bc", "overlap": True},
 }
+DEFAULT_VARIANTS = ("PPO 1 thread (issue start)", "filtered_bc (quickstart)", "filtered_bc overlapped update")
+WARMUP_ITERATIONS = 20
+"""At most this many untimed iterations per variant, until ``filtered_bc``'s success buffer yields minibatches."""
 
 
 @dataclass
@@ -58,19 +69,23 @@ class Setup:
     policy: Any
     learner: Any
     engine: Any
-    update_threads: int
-    rollout_threads: int
+    algo: str
+    update_threads: int = 1
+    rollout_threads: int = 1
+    overlap: bool = False
 
 
-def _ppo_quickstart(config_class: Any) -> Any:
-    """The quickstart with its Flow-SDE PPO stage (``--preset quickstart_ppo``, 200 iterations): what issue 22
-    measured; since session 11 the quickstart's own RL stage is ``filtered_bc`` (docs/benchmarks.md)."""
+def _quickstart(config_class: Any, algo: str, overlap: bool) -> Any:
+    """The quickstart at 200 iterations: with ``algo`` ``ppo`` its Flow-SDE PPO stage (``--preset quickstart_ppo``,
+    what issue 22 measured first); else its own ``filtered_bc`` stage (the default since session 11)."""
     from vla_rl.cli import parse_config
 
-    return parse_config(config_class, ["--preset", "quickstart_ppo", "--iterations", "200"])
+    args = ["--preset", "quickstart_ppo"] if algo == "ppo" else ["--algo.overlap", str(overlap).lower()]
+    return parse_config(config_class, [*args, "--iterations", "200"])
 
 
-def build(policy_path: str, update_threads: int, rollout_threads: int, seed: int) -> Setup:
+def build(policy_path: str, demos: str, seed: int, algo: str, update_threads: int = 1, rollout_threads: int = 1,
+          overlap: bool = False) -> Setup:
     from policies.io import checkpoint_cameras
     from policies.loading import load_policy
     from vla_rl.algorithms.base import ALGORITHMS
@@ -79,7 +94,9 @@ def build(policy_path: str, update_threads: int, rollout_threads: int, seed: int
     from vla_rl.rollout import RolloutEngine
     from vla_rl.trainer import seed_everything
 
-    cfg = _train_config(_ppo_quickstart(QuickstartConfig), Path("/nonexistent"), policy_path=policy_path)
+    cfg = _train_config(_quickstart(QuickstartConfig, algo, overlap), Path("/nonexistent"), policy_path=policy_path)
+    if algo == "filtered_bc":
+        cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, demos=demos).for_run(cfg.iterations))
     env_cfg = cfg.env
     if policy_path:
         env_cfg = env_cfg.with_policy_cameras(checkpoint_cameras(policy_path), policy_path)
@@ -87,26 +104,46 @@ def build(policy_path: str, update_threads: int, rollout_threads: int, seed: int
     env = env_cfg.make()
     policy = load_policy(policy_path) if policy_path else build_policy(cfg.policy, env.spec)
     learner = ALGORITHMS.get(cfg.algo.type).obj(cfg.algo, policy)
-    learner.iteration = 10**6  # past critic warmup: time the full actor + critic update
+    if algo == "ppo":
+        learner.iteration = 10**6  # past critic warmup: time the full actor + critic update
     engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward)
     engine.reset(seed=seed)
-    return Setup(env, policy, learner, engine, update_threads, rollout_threads)
+    return Setup(env, policy, learner, engine, algo, update_threads, rollout_threads, overlap)
 
 
 def iteration(s: Setup, decisions: int) -> dict[str, float]:
-    """One collect + update; seconds and env steps."""
+    """One collect + update as the training loop runs it; seconds and env steps."""
+    from vla_rl.algorithms.base import IterationInputs
     from vla_rl.threads import torch_threads
 
     s.policy.train()
     t0 = time.perf_counter()
     with torch_threads(s.rollout_threads):
-        rollout = s.engine.collect(decisions)
+        if s.algo == "ppo":
+            rollout = s.engine.collect(decisions)
+        else:  # the learner collects (and, overlapped, trains the previous iteration's minibatches meanwhile)
+            rollout = s.learner.collect(IterationInputs(iteration=0, seed_base=0, reset=False, engine=s.engine,
+                                                        sync=not s.overlap))
     t1 = time.perf_counter()
     with torch_threads(s.update_threads):
-        s.learner.update(rollout)
+        stats = s.learner.update(rollout)
     t2 = time.perf_counter()
-    return {"rollout_s": t1 - t0, "update_s": t2 - t1, "env_steps": rollout.env_steps,
-            **{k.removeprefix("time/").removesuffix("_s") + "_s": v for k, v in rollout.times.items()}}
+    out = {"rollout_s": t1 - t0, "update_s": t2 - t1, "env_steps": rollout.env_steps,
+           **{k.removeprefix("time/").removesuffix("_s") + "_s": v for k, v in rollout.times.items()}}
+    out["update_steps"] = stats.get("update/steps", 1.0)  # PPO reports none: it always updates
+    if "update/overlapped_s" in stats:
+        out["overlapped_update_s"] = stats["update/overlapped_s"]
+    return out
+
+
+def warm_up(s: Setup, decisions: int) -> int:
+    """Untimed iterations (worker start, first renders, allocator) until the learner trains every iteration."""
+    for n in range(1, WARMUP_ITERATIONS + 1):
+        steps = iteration(s, decisions)["update_steps"]
+        if steps > 0 or getattr(s.learner, "_deferred", None):
+            return n
+    raise RuntimeError(f"filtered_bc drew no minibatch in {WARMUP_ITERATIONS} iterations: pass --policy, a "
+                       "pre-trained policy that succeeds sometimes")
 
 
 def env_only(s: Setup, decisions: int, exec_steps: int) -> dict[str, float]:
@@ -137,26 +174,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="", help="a pre-trained policy folder (e.g. a quickstart's sft_policy); "
                     "default: a fresh quickstart policy (its episodes never succeed, so they all run to the limit)")
+    ap.add_argument("--demos", default="", help="the demo dataset filtered_bc mixes in (the quickstart's, under "
+                    "$VLA_RL_HOME/demos); default: none (the same supervised step on buffer rows only)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the variants")
     ap.add_argument("--iterations", type=int, default=4, help="timed iterations per variant per round")
     ap.add_argument("--eval_episodes", type=int, default=400, help="episodes of the one timed evaluation")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"comma-separated names of variants, of: {', '.join(VARIANTS)}")
     ap.add_argument("--write", type=Path, default=None, help="markdown file whose throughput section to replace")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from vla_rl.commands.quickstart import QuickstartConfig
 
-    qs = _ppo_quickstart(QuickstartConfig)
+    qs = _quickstart(QuickstartConfig, "ppo", False)
     decisions, iterations = qs.algo.decisions_per_iter, qs.iterations
     names = [n.strip() for n in args.variants.split(",")]
-    setups = {n: build(args.policy, seed=0, **VARIANTS[n]) for n in names}
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {unknown}; valid: {list(VARIANTS)}")
+    setups = {n: build(args.policy, args.demos, seed=0, **VARIANTS[n]) for n in names}
     exec_steps = next(iter(setups.values())).engine.exec_steps
     samples: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     env_samples: list[dict[str, float]] = []
     started = time.time()
     try:
-        for n in names:  # warm-up: worker start, first renders, allocator
-            iteration(setups[n], decisions)
+        for n in names:
+            print(f"{n}: warmed up in {warm_up(setups[n], decisions)} iteration(s)", flush=True)
         for r in range(args.repeats):
             for n in names:
                 for _ in range(args.iterations):
@@ -177,10 +220,12 @@ def main() -> None:
         it_s = med["rollout_s"] + med["update_s"]
         rows.append({
             "variant": n, **VARIANTS[n], **{k: round(v, 4) for k, v in med.items()},
+            "update_own_s": med.get("overlapped_update_s", med["update_s"]),
             "rollout_steps_per_s": med["env_steps"] / med["rollout_s"],
             "iteration_steps_per_s": med["env_steps"] / it_s,
             "rollout_vs_env_only": med["env_steps"] / med["rollout_s"] / env_sps,
             "update_vs_rollout": med["update_s"] / med["rollout_s"],
+            "update_own_vs_rollout": med.get("overlapped_update_s", med["update_s"]) / med["rollout_s"],
             "rl_stage_estimate_s": iterations * it_s + 2 * eval_s,
         })
     base = rows[0]["rl_stage_estimate_s"]
@@ -190,7 +235,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                    f"load average {os.getloadavg()[0]:.1f} at the end",
         "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
-        "policy": args.policy or "fresh quickstart policy",
+        "policy": args.policy or "fresh quickstart policy", "demos": args.demos,
         "repeats": args.repeats, "iterations_per_repeat": args.iterations,
         "env_only_steps_per_s": env_sps, "eval_episodes": args.eval_episodes, "eval_seconds": eval_s, "rows": rows,
     }
@@ -205,22 +250,26 @@ def main() -> None:
 def render(r: dict[str, Any]) -> str:
     lines = [
         "`python benchmarks/throughput.py` (numbers in `benchmarks/results/throughput.json`): the quickstart's RL "
-        "stage (`mujoco/pick-any`, 32 envs on 2 workers, front + wrist camera 64x64, compact flow policy, full-chain "
-        "Flow-SDE, chunks of 4, PPO 6 decisions x 2 epochs x minibatch 192), each variant built once and timed "
-        f"interleaved, median of {r['repeats']} x {r['iterations_per_repeat']} iterations. {r['machine']}; policy: "
-        f"{r['policy']}. Env only: {r['env_only_steps_per_s']:.0f} env steps / s (random actions, same envs). "
-        f"One {r['eval_episodes']}-episode evaluation: {r['eval_seconds']:.0f} s. RL stage = 200 x (rollout + update) "
-        "+ 2 evaluations.",
+        "stage (`mujoco/pick-any`, 32 envs on 2 workers, front + wrist camera 64x64, compact flow policy, chunks of 4, "
+        "6 decisions per env per iteration; PPO: full-chain Flow-SDE, 2 epochs x minibatch 192; filtered_bc: 8 "
+        "supervised steps of 64 rows), each variant built once and timed interleaved, median of "
+        f"{r['repeats']} x {r['iterations_per_repeat']} iterations. {r['machine']}; policy: {r['policy']}; demos: "
+        f"{r.get('demos') or 'none'}. Env only: {r['env_only_steps_per_s']:.0f} env steps / s (random actions, same "
+        f"envs). One {r['eval_episodes']}-episode evaluation: {r['eval_seconds']:.0f} s. RL stage = 200 x (rollout + "
+        "update) + 2 evaluations. *update s* is what the loop waits for; *own* is the update's own wall time (run "
+        "beside the next collection when overlapped).",
         "",
-        "| variant | rollout s | env s | act s | update s | rollout steps/s | x env only | update / rollout "
+        "| variant | rollout s | env s | act s | update s (own) | rollout steps/s | x env only | update own / rollout "
         "| iteration steps/s | RL stage s (est.) | x first |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
+        own = row.get("update_own_s", row["update_s"])
         lines.append(
             f"| {row['variant']} | {row['rollout_s']:.2f} | {row.get('rollout_env_s', 0):.2f} "
-            f"| {row.get('rollout_act_s', 0):.2f} | {row['update_s']:.2f} | {row['rollout_steps_per_s']:.0f} "
-            f"| {row['rollout_vs_env_only']:.2f} | {row['update_vs_rollout']:.2f} | {row['iteration_steps_per_s']:.0f} "
+            f"| {row.get('rollout_act_s', 0):.2f} | {row['update_s']:.2f} ({own:.2f}) "
+            f"| {row['rollout_steps_per_s']:.0f} | {row['rollout_vs_env_only']:.2f} "
+            f"| {row.get('update_own_vs_rollout', row['update_vs_rollout']):.2f} | {row['iteration_steps_per_s']:.0f} "
             f"| {row['rl_stage_estimate_s']:.0f} | {row['rl_stage_vs_first']:.2f} |"
         )
     return "\n".join(lines)

@@ -81,8 +81,10 @@ class Policy(nn.Module, abc.ABC):
         """H, the number of actions one ``act`` call returns per env."""
 
     @abc.abstractmethod
-    def act(self, obs: dict[str, Any], mode: ActMode = ActMode.EXPLORE) -> ActOutput:
-        """Act on a batch of observations."""
+    def act(self, obs: dict[str, Any], mode: ActMode = ActMode.EXPLORE,
+            generator: torch.Generator | None = None) -> ActOutput:
+        """Act on a batch of observations; ``generator`` (default: torch's global RNG) draws every random number of
+        the sample, so a caller acting in one thread while another trains keeps both streams reproducible."""
 
     @abc.abstractmethod
     def evaluate(self, obs: dict[str, Any], extras: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

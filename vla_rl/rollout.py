@@ -207,6 +207,9 @@ class RolloutEngine:
         self._obs: Obs | None = None
         self.total_env_steps = 0
         self.times = StageTimes()  # env / act / value seconds of the collection in progress
+        self.generator: torch.Generator | None = None
+        """The RNG of the policy's samples (None: torch's global RNG); a learner that trains in another thread
+        while this engine collects gives it its own, so that neither thread's draws depend on the other's timing."""
 
     @property
     def pipeline_groups(self) -> list[list[int]] | None:
@@ -276,7 +279,7 @@ class RolloutEngine:
         for _ in range(num_decisions):
             obs = self._obs
             with self.times("act"):
-                out = self.policy.act(obs, mode)
+                out = self.policy.act(obs, mode, generator=self.generator)
             value = out.value.float().cpu() if (self.use_critic and out.value is not None) else torch.zeros(b)
             chunk = self._run_chunk(obs, out.actions.cpu(), alive)
             obs_list.append(obs)
@@ -337,7 +340,7 @@ class RolloutEngine:
                         break
                 rows = _slice(obs, a, e)
                 with self.times("act"):
-                    out = self.policy.act(rows, mode)
+                    out = self.policy.act(rows, mode, generator=self.generator)
                 value = out.value.float().cpu() if (self.use_critic and out.value is not None) else torch.zeros(len(ids))
                 per_half[k].append((rows, out, value, {}, alive[k].clone()))
                 with self.times("env"):

@@ -245,8 +245,13 @@ class Trainer:
             policy.train()
             if self.curriculum is not None:  # this iteration's resets draw their tasks from these weights
                 env.schedule_tasks(weights=self.curriculum.weights())
+            done_iter = it + 1
+            is_last = done_iter == cfg.iterations
+            evaluates = is_last or bool(cfg.eval.every and done_iter % cfg.eval.every == 0)
+            checkpoints = is_last or done_iter % cfg.checkpoint_every == 0
             inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration,
-                                     engine=engine if learner.needs.env_rollouts else None, data=data)
+                                     engine=engine if learner.needs.env_rollouts else None, data=data,
+                                     sync=evaluates)
             with torch_threads(cfg.threads.rollout):
                 batch = learner.collect(inputs)
             t1 = time.perf_counter()
@@ -269,10 +274,8 @@ class Trainer:
                     self.curriculum.observe((e.task_index, e.success) for e in episodes)
                     scalars.update(self.curriculum.scalars())
             step = int(dist.sum(torch.tensor(engine.total_env_steps)).item()) if dist.enabled else engine.total_env_steps
-            done_iter = it + 1
-            is_last = done_iter == cfg.iterations
             t_eval = time.perf_counter()
-            if is_last or (cfg.eval.every and done_iter % cfg.eval.every == 0):
+            if evaluates:
                 res = self._evaluate(policy, eval_env, step, logger, f"iter_{done_iter:06d}")
                 scalars.update(res.scalars())
                 last = res
@@ -288,7 +291,7 @@ class Trainer:
             shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
             bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
                             eval=f"{last.success_rate:.2f}" if last else "-", time=time_summary(scalars))
-            if is_last or done_iter % cfg.checkpoint_every == 0:
+            if checkpoints:
                 after_row.start("checkpoint")
                 state = {"learner": learner.state_dict(), "rng": ckpt.rng_state(), "iteration": done_iter,
                          "env_steps": step,

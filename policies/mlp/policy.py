@@ -169,8 +169,9 @@ class GaussianMLPPolicy(Policy):
         mean = self._mean(x)
         return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
 
-    def act(self, obs: dict[str, Any], mode: ActMode = ActMode.EXPLORE) -> ActOutput:
-        """``EXPLORE``: a Gaussian sample (clipped to ``[-1, 1]`` for the env; the log-prob is the raw sample's,
+    def act(self, obs: dict[str, Any], mode: ActMode = ActMode.EXPLORE,
+            generator: torch.Generator | None = None) -> ActOutput:
+        """``EXPLORE``: a Gaussian sample (drawn from ``generator``, default torch's global RNG) (clipped to ``[-1, 1]`` for the env; the log-prob is the raw sample's,
         kept in ``extras["raw"]``) with the critic's value. ``EVAL``: the clipped mean, log-prob zeros, no value.
 
         Returns:
@@ -185,7 +186,7 @@ class GaussianMLPPolicy(Policy):
             zeros = reduce_logp(torch.zeros_like(mean), self.logp_level)
             return ActOutput(mean.clamp(ACTION_LOW, ACTION_HIGH), zeros, None, {})
         dist = self._dist(x)
-        raw = dist.sample()
+        raw = torch.normal(dist.loc, dist.scale, generator=generator)  # what dist.sample() draws, from `generator`
         logp = reduce_logp(dist.log_prob(raw), self.logp_level)
         value = self.critic(x).squeeze(-1)
         return ActOutput(raw.clamp(ACTION_LOW, ACTION_HIGH), logp, value, {RAW: raw})

@@ -39,6 +39,7 @@ signal                     meaning
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import mujoco
 import numpy as np
@@ -195,6 +196,12 @@ class TabletopEnv(SingleEnv):
         self._table_geom = self.model.geom("table").id
         self._force = np.zeros(6)
         self._prev_pinch = np.zeros(3)  # the pinch point before the last step (ee_step)
+        self._geom_sets: dict[str, Any] = {  # geom ids as Python sets for the per-step contact scans
+            "robot": {int(g) for g in self.ids.robot_geoms},
+            "left": {int(g) for g in self.ids.left_finger_geoms},
+            "right": {int(g) for g in self.ids.right_finger_geoms},
+            "cube_index": {int(g): i for i, g in enumerate(self.ids.cube_geom)},
+        }
 
     # ------------------------------------------------------------------ episode
 
@@ -291,14 +298,14 @@ class TabletopEnv(SingleEnv):
         assert s is not None
         flags = stage_flags(task, s)
         obstacles = self.obstacles()
-        obstacle_geoms = ids.cube_geom[obstacles]
-        movers = np.append(ids.robot_geoms, ids.cube_geom[task.cube])
+        robot = self._geom_sets["robot"]
+        obstacle_geoms = {int(g) for g in ids.cube_geom[obstacles]}
+        movers = robot | {int(ids.cube_geom[task.cube])}
+        table = self._table_geom
         collision, collision_force, table_force = 0, 0.0, 0.0
-        for i in range(d.ncon):
-            g1, g2 = d.contact.geom[i]
+        for i, (g1, g2) in enumerate(d.contact.geom[: d.ncon].tolist()):  # Python ints: set lookups, not array scans
             hit = (g1 in obstacle_geoms and g2 in movers) or (g2 in obstacle_geoms and g1 in movers)
-            on_table = (g1 == self._table_geom and g2 in ids.robot_geoms) or (
-                g2 == self._table_geom and g1 in ids.robot_geoms)
+            on_table = (g1 == table and g2 in robot) or (g2 == table and g1 in robot)
             if hit or on_table:
                 mujoco.mj_contactForce(self.model, d, i, self._force)
                 normal = abs(float(self._force[0]))
@@ -350,14 +357,19 @@ class TabletopEnv(SingleEnv):
         grasped = np.zeros(3, dtype=bool)
         touched = np.zeros(3, dtype=bool)
         if d.ncon:
-            pairs = d.contact.geom[: d.ncon]
-            for i, g in enumerate(ids.cube_geom):
-                other = np.concatenate([pairs[pairs[:, 0] == g, 1], pairs[pairs[:, 1] == g, 0]])
-                if other.size:
-                    touched[i] = np.isin(other, ids.robot_geoms).any()
-                    grasped[i] = (
-                        np.isin(other, ids.left_finger_geoms).any() and np.isin(other, ids.right_finger_geoms).any()
-                    )
+            sets = self._geom_sets
+            cube_index = sets["cube_index"]
+            left = [False, False, False]
+            right = [False, False, False]
+            for g1, g2 in d.contact.geom[: d.ncon].tolist():  # each contact, both ways round
+                for cube, other in ((g1, g2), (g2, g1)):
+                    i = cube_index.get(cube)
+                    if i is None:
+                        continue
+                    touched[i] |= other in sets["robot"]
+                    left[i] |= other in sets["left"]
+                    right[i] |= other in sets["right"]
+            grasped[:] = np.logical_and(left, right)
         return TaskState(
             pinch=d.site_xpos[ids.pinch_site].copy(),
             cubes=cubes,

@@ -68,9 +68,9 @@ def test_rollout_engine_stores_signals_per_step_and_policies_never_see_them():
     class Spy(GaussianPolicy):
         seen: list[set[str]] = []
 
-        def act(self, obs, mode=ActMode.EXPLORE):
+        def act(self, obs, mode=ActMode.EXPLORE, generator=None):
             Spy.seen.append(set(obs))
-            return super().act(obs, mode)
+            return super().act(obs, mode, generator)
 
     torch.manual_seed(0)
     with _make("serial") as env:

@@ -104,3 +104,71 @@ def test_imitating_its_own_successes_lifts_a_flow_policy_on_a_bandit(seed: int) 
     after = _success(policy, goal)
     assert learner.buffer is not None and learner.buffer.episodes_kept > 0
     assert before <= 0.5 and after >= before + 0.4, (before, after)
+
+
+def _bandit_run(seed: int, overlap: bool, iterations: int = 12) -> tuple[CompactFlowPolicy, FilteredBCLearner, int]:
+    """The bandit loop of the test above (with ``overlap`` only the last iteration asks for a synced policy); also
+    returns how many minibatches the collections drew."""
+    policy = _flow_policy(seed)
+    cfg = FilteredBCConfig(lr=3e-3, steps=200, batch_size=32, steps_per_iter=10, decisions_per_iter=1,
+                           min_buffer=8, image_shift=0, overlap=overlap)
+    learner = FilteredBCLearner(cfg, policy)
+    engine = _engine(0.5, 32, policy, episode_steps=1)
+    drawn = 0
+    for it in range(iterations):
+        inputs = IterationInputs(iteration=it, seed_base=100 * it, reset=True, engine=engine,
+                                 sync=it == iterations - 1)
+        rollout = learner.collect(inputs)
+        drawn += len(learner._batches)
+        learner.update(rollout)
+    return policy, learner, drawn
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_overlapped_updates_learn_the_bandit_too_and_reproduce_exactly(seed: int) -> None:
+    """With ``overlap`` the gradient steps of iteration i run in a thread while iteration i+1 collects with the
+    weights from before them. Learning still lifts the policy, every drawn minibatch is trained on by the end, and
+    two runs give the same weights bit for bit: the actor draws from its own generator, so the threads' timing
+    never reorders anyone's random numbers."""
+    before = _success(_flow_policy(seed), 0.5)
+    policy, learner, drawn = _bandit_run(seed, overlap=True)
+    again, _, _ = _bandit_run(seed, overlap=True)
+    assert learner.updater is not None and not learner._deferred and learner.updater.steps == drawn > 0
+    plain, _, _ = _bandit_run(seed, overlap=False)
+    for p, q in zip(policy.parameters(), again.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert any(not torch.equal(p, q) for p, q in zip(policy.parameters(), plain.parameters(), strict=True))
+    after = _success(policy, 0.5)
+    assert before <= 0.5 and after >= before + 0.4, (before, after)
+
+
+def test_an_overlapped_collection_acts_with_the_weights_from_before_the_steps_it_trains() -> None:
+    """Iteration 0 defers its steps (sync False); iteration 1's collection trains them in the background while a
+    copy holding the pre-step weights acts; the engine gets the live policy back afterwards, a checkpoint taken
+    between holds the state before the deferred steps, and a synced update trains at once."""
+    policy = _flow_policy(0)
+    cfg = FilteredBCConfig(lr=3e-3, steps=50, batch_size=16, steps_per_iter=3, decisions_per_iter=1, min_buffer=1,
+                           image_shift=0, overlap=True)
+    learner = FilteredBCLearner(cfg, policy)
+    engine = _engine(0.5, 32, policy, episode_steps=1)
+    seen: list[tuple[object, list[torch.Tensor]]] = []
+
+    class Spy(type(engine)):  # type: ignore[misc]
+        def collect(self, num_decisions, mode=ActMode.EXPLORE):
+            seen.append((self.policy, [p.detach().clone() for p in self.policy.parameters()]))
+            return super().collect(num_decisions, mode)
+
+    engine.__class__ = Spy
+    learner.update(learner.collect(IterationInputs(iteration=0, seed_base=0, reset=True, engine=engine, sync=False)))
+    assert learner.updater is not None and learner.updater.steps == 0 and len(learner._deferred) == 3
+    assert learner.state_dict()["sft"]["steps"] == 0  # a checkpoint now holds the weights before the deferred steps
+    start = [p.detach().clone() for p in policy.parameters()]
+    rollout = learner.collect(IterationInputs(iteration=1, seed_base=100, reset=True, engine=engine, sync=True))
+    actor, acted_with = seen[1]
+    assert actor is not policy and engine.policy is policy and engine.generator is learner.act_generator
+    assert all(torch.equal(a, s) for a, s in zip(acted_with, start, strict=True))
+    assert learner.updater.steps == 3 and any(not torch.equal(p, s) for p, s in zip(policy.parameters(), start,
+                                                                                      strict=True))
+    stats = learner.update(rollout)  # synced: this iteration's own 3 steps run now
+    assert learner.updater.steps == 6 and stats["update/steps"] == 6 and stats["update/overlapped_s"] > 0
+    assert not learner._deferred and "act_generator" in learner.state_dict()

@@ -36,6 +36,7 @@ class ToyReinforceLearner(Learner):
     needs = Needs.ON_POLICY
     uses_critic = False
     collected: list[int] = []
+    syncs: list[bool] = []
 
     def __init__(self, cfg: ToyReinforceConfig, policy) -> None:
         super().__init__(cfg, policy)
@@ -44,6 +45,7 @@ class ToyReinforceLearner(Learner):
     def collect(self, inputs: IterationInputs) -> Rollout:
         assert inputs.engine is not None
         ToyReinforceLearner.collected.append(inputs.seed_base)
+        ToyReinforceLearner.syncs.append(inputs.sync)
         if inputs.reset:
             inputs.engine.reset(seed=inputs.seed_base)
         return inputs.engine.collect(self.cfg.decisions_per_iter)
@@ -78,6 +80,25 @@ def test_a_learner_registered_in_a_test_module_runs_under_vla_rl_train(tmp_path:
     assert len(ToyReinforceLearner.collected) == 2 and ToyReinforceLearner.collected[0] != ToyReinforceLearner.collected[1]
     assert result["after"] is not None and result["after"].episodes > 0
     assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_the_loop_asks_for_a_synced_policy_exactly_before_evaluations_and_the_end(tmp_path: Path) -> None:
+    """``IterationInputs.sync`` lets a learner defer its update to the next collection (``filtered_bc --algo.overlap``)
+    except where the loop evaluates the weights; checkpoints (every 3 iterations here) do not force it."""
+    import dataclasses
+
+    from vla_rl.cli import parse_config
+    from vla_rl.smoke import apply_smoke
+    from vla_rl.train_config import TrainConfig
+    from vla_rl.trainer import Trainer
+
+    small = apply_smoke(parse_config(TrainConfig, [*ARGS[1:], "--run_dir", str(tmp_path / "r")]))  # smoke: 2 its
+    cfg = dataclasses.replace(small, iterations=7, checkpoint_every=3, eval=dataclasses.replace(small.eval, every=4))
+    ToyReinforceLearner.syncs.clear()
+    Trainer(cfg).run()
+    assert ToyReinforceLearner.syncs == [False, False, False, True, False, False, True]  # 4: evaluation; 7: the end
+    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").glob("iter_*")) == [
+        "iter_000003", "iter_000006", "iter_000007"]
 
 
 def test_the_learner_resumes_from_its_checkpoint(tmp_path: Path) -> None:

@@ -34,9 +34,10 @@ class GaussianPolicy(Policy):
     def _dist(self, obs: dict[str, Any]) -> torch.distributions.Normal:
         return torch.distributions.Normal(self.mu(obs[OBS_STATE]), self.log_std.exp())
 
-    def act(self, obs: dict[str, Any], mode: ActMode = ActMode.EXPLORE) -> ActOutput:
+    def act(self, obs: dict[str, Any], mode: ActMode = ActMode.EXPLORE,
+            generator: torch.Generator | None = None) -> ActOutput:
         d = self._dist(obs)
-        raw = d.mean if mode is ActMode.EVAL else d.sample()
+        raw = d.mean if mode is ActMode.EVAL else torch.normal(d.loc, d.scale.expand_as(d.loc), generator=generator)
         logp = d.log_prob(raw).sum(-1) if mode is ActMode.EXPLORE else torch.zeros(raw.shape[0])
         actions = raw.clamp(-1, 1).view(-1, self.h, self.action_dim)
         return ActOutput(actions, logp, self.value(obs), {"raw": raw})

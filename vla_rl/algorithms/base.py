@@ -166,6 +166,10 @@ class IterationInputs:
             on-policy collection continues from where the envs are.
         engine: the rollout engine of the training envs (None for a learner that needs no env rollouts).
         data: the offline data source (None unless the learner needs :attr:`Needs.DATASET`).
+        sync: the loop evaluates (or stops) after this iteration, so :meth:`Learner.update` must leave the policy
+            fully updated; when False, a learner that overlaps its update with the next collection (``filtered_bc``
+            with ``algo.overlap``) may defer the update to it. A checkpoint written meanwhile holds the weights
+            without the deferred steps (a resumed run goes on without them, as if that update had been lost).
     """
 
     iteration: int
@@ -173,6 +177,7 @@ class IterationInputs:
     reset: bool
     engine: RolloutEngine | None = None
     data: Any = None
+    sync: bool = True
 
 
 class Learner(abc.ABC):

@@ -16,12 +16,18 @@ moves the deployed policy little on our CPU budget (docs/benchmarks.md, "RL diag
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import IterationInputs, LearnerConfig, Needs, SmokeLimits, register_learner
+from vla_rl.config import ConfigError
 from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 from vla_rl.data.mix import MixedSource
@@ -55,6 +61,12 @@ class FilteredBCConfig(SFTLearnerConfig):
     explore: bool = True
     """Collect with the policy's exploration sampler (``act(EXPLORE)``); False plays the deterministic policy
     that evaluation runs, so only its own successes are imitated."""
+    overlap: bool = False
+    """Run each iteration's gradient steps in a background thread while the next iteration collects, acting
+    with a copy of the weights from before those steps (one update behind), so the learner's core works while
+    the env workers step. The policy is brought up to date before every evaluation and at the end of the run; a
+    checkpoint in between holds the weights without the deferred steps (resuming loses that one update). Single
+    process only; pays on a machine the run has to itself (docs/benchmarks.md, "Training throughput")."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +98,17 @@ class FilteredBCLearner(SFTLearner):
         self.demos: ChunkDataset | None = None
         self.buffer: SuccessBuffer | None = None
         self._batches: list[ChunkBatch] = []
+        self._deferred: list[ChunkBatch] = []  # overlap: drawn last iteration, trained while this one collects
+        self._background: dict[str, float] = {}  # overlap: sums of the steps that ran beside this collection
+        self._sync = True
+        self._actor: Policy | None = None  # overlap: the weights the envs are played with while the policy trains
+        self.act_generator: torch.Generator | None = None  # overlap: the actor's own RNG (module doc of rollout)
+
+    def distribute(self, dist: Any) -> None:
+        if self.cfg.overlap and dist.enabled:
+            raise ConfigError("algo.overlap trains in a thread beside the collection, which one process only "
+                              "supports; run with --algo.overlap false under accelerate / torch.distributed")
+        super().distribute(dist)
 
     def _source(self) -> Any:
         assert self.buffer is not None
@@ -93,10 +116,28 @@ class FilteredBCLearner(SFTLearner):
             return self.buffer
         return MixedSource([(self.demos, self.cfg.demo_ratio), (self.buffer, 1.0 - self.cfg.demo_ratio)])
 
+    def _steps(self, batches: list[ChunkBatch], into: dict[str, float]) -> None:
+        """Gradient steps on ``batches``, adding each step's statistics (and the step count) to ``into``."""
+        assert self.updater is not None
+        for batch in batches:
+            for k, v in self.updater.step(batch).items():
+                into[k] = into.get(k, 0.0) + v
+            into["steps"] = into.get("steps", 0.0) + 1.0
+
+    def _actor_weights(self) -> Policy:
+        """The policy copy the envs are played with during an overlapped update, holding the current weights."""
+        if self._actor is None:
+            self._actor = copy.deepcopy(self.policy)
+        self._actor.load_state_dict(self.policy.state_dict())
+        self._actor.train(self.policy.training)
+        return self._actor
+
     def collect(self, inputs: IterationInputs) -> Rollout:
         """Play ``decisions_per_iter`` chunks per env, file them in the buffer and draw this iteration's
         minibatches (none while the buffer holds fewer than ``min_buffer`` decisions); returns the rollout, whose
-        episodes the loop logs as any on-policy learner's."""
+        episodes the loop logs as any on-policy learner's. With ``overlap``, the previous iteration's deferred
+        minibatches train the policy in a background thread meanwhile, and a copy of the weights from before them
+        acts."""
         engine = inputs.engine
         assert engine is not None, "filtered_bc collects rollouts: the loop must pass an engine"
         if self.buffer is None:
@@ -105,10 +146,40 @@ class FilteredBCLearner(SFTLearner):
             self.buffer = SuccessBuffer(self.cfg.buffer_size, list(self.demos.obs) if self.demos is not None else None)
         if self.updater is None:  # the policy keeps its normalization: it is fine-tuned, not pre-trained
             self.updater = self._start(None)
-        if inputs.reset:
-            engine.reset(seed=inputs.seed_base)
-            self.buffer.forget_running()
-        rollout = engine.collect(self.cfg.decisions_per_iter, ActMode.EXPLORE if self.cfg.explore else ActMode.EVAL)
+        if self.cfg.overlap:
+            if self.act_generator is None:
+                self.act_generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ()).item()))
+            engine.generator = self.act_generator
+        self._sync = inputs.sync
+        deferred, self._deferred, self._background = self._deferred, [], {}
+        live = engine.policy
+        worker: threading.Thread | None = None
+        failure: list[BaseException] = []
+        if deferred:
+            engine.policy = self._actor_weights()
+            started = time.perf_counter()
+
+            def train() -> None:
+                try:
+                    self._steps(deferred, self._background)
+                except BaseException as e:  # re-raised in the collecting thread
+                    failure.append(e)
+                self._background["overlap_s"] = time.perf_counter() - started
+
+            worker = threading.Thread(target=train, name="filtered_bc-update", daemon=True)
+            worker.start()
+        try:
+            if inputs.reset:
+                engine.reset(seed=inputs.seed_base)
+                self.buffer.forget_running()
+            rollout = engine.collect(self.cfg.decisions_per_iter,
+                                     ActMode.EXPLORE if self.cfg.explore else ActMode.EVAL)
+        finally:
+            if worker is not None:
+                worker.join()
+                engine.policy = live
+        if failure:
+            raise failure[0]
         self.buffer.add_rollout(rollout)
         self._batches = []
         if len(self.buffer) >= self.cfg.min_buffer:
@@ -117,16 +188,39 @@ class FilteredBCLearner(SFTLearner):
         return rollout
 
     def update(self, batch: Rollout) -> dict[str, float]:
-        """``steps_per_iter`` supervised steps on the minibatches :meth:`collect` drew (none before ``min_buffer``)."""
-        batches = self._batches
+        """``steps_per_iter`` supervised steps on the minibatches :meth:`collect` drew (none before ``min_buffer``).
+        With ``overlap`` they are deferred to the next collection unless the loop evaluates, checkpoints or stops
+        after this iteration; the statistics are those of the steps taken during this iteration."""
         assert self.buffer is not None
-        if batches:
-            stats = super().update(batches)
+        batches, self._batches = self._batches, []
+        sums = dict(self._background)
+        overlapped = sums.pop("overlap_s", None)
+        if self.cfg.overlap and not self._sync:
+            self._deferred = batches
         else:
-            stats = {"update/steps": 0.0}
-            self.iteration += 1
+            self._steps(batches, sums)
+        self.iteration += 1
+        steps = sums.pop("steps", 0.0)
+        stats = {f"update/{k.removeprefix('sft/')}": v / steps for k, v in sums.items()} if steps else {}
+        stats["update/steps"] = steps
+        if overlapped is not None:
+            stats["update/overlapped_s"] = overlapped
         # rows of a mixed batch come from source 0 (the demos) or 1 (the buffer); a buffer-only batch has no source
         demo_rows = sum(int((b.source == 0).sum()) for b in batches if b.source is not None)
         return {**stats, "update/buffer_decisions": float(len(self.buffer)),
                 "update/buffer_episodes": float(self.buffer.episodes_kept),
                 "update/demo_rows": demo_rows / max(1, sum(len(b) for b in batches))}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The SFT state and the actor's RNG; with ``overlap``, deferred minibatches are not saved (the weights
+        and optimizer saved are those before them, consistent with each other), like the success buffer."""
+        state = super().state_dict()
+        if self.act_generator is not None:
+            state["act_generator"] = self.act_generator.get_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("act_generator") is not None:
+            self.act_generator = torch.Generator()
+            self.act_generator.set_state(state["act_generator"])
