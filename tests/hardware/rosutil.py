@@ -133,6 +133,22 @@ def assert_commands_within_envelope(
     return series
 
 
+class AtStep:
+    """A runner hook calling ``action()`` once, at control step ``step`` (``fired_at``: its wall-clock time)."""
+
+    def __init__(self, step: int, action) -> None:
+        self.step, self.action, self.fired_at = step, action, None
+
+    def on_episode_start(self, episode: int) -> None: ...
+
+    def on_step(self, record) -> None:
+        if record.step >= self.step and self.fired_at is None:
+            self.fired_at = time.time()
+            self.action()
+
+    def on_episode_end(self, summary) -> None: ...
+
+
 class SentCommands:
     """A runner hook keeping point 0 of every command the runner sent, and the observation it used."""
 

@@ -164,3 +164,18 @@ def test_sim_arm_does_not_outlive_its_session(tmp_path):
         if _running(pid):
             os.kill(pid, signal.SIGCONT)
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads this process's mappings from /proc")
+def test_test_participants_use_no_shared_memory(ros_domain):
+    """The tests' Fast DDS profile (tests/hardware/conftest.py) keeps the shared-memory transport off.
+
+    A SIGKILL-ed arm leaves its shared-memory state behind, and the test process crashed tearing down
+    next to it (issue #21); over UDP a dead peer leaves nothing that the survivors map.
+    """
+    ros = _node(ros_domain)
+    try:
+        shm = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "/dev/shm/fast" in line}
+    finally:
+        ros.close()
+    assert not shm, f"a ROS participant of the tests mapped Fast DDS shared memory: {sorted(shm)}"
