@@ -19,7 +19,8 @@ Variants (``VARIANTS``) are switches of the same code:
 - the issue's starting point, the Flow-SDE PPO stage (``--preset quickstart_ppo``: full chain, 2 epochs x minibatch
   192), with ``--threads.update`` / ``--threads.rollout`` at 1 (the first row every ratio is taken against) or 2;
 - the quickstart's own stage since session 11, ``filtered_bc`` (8 supervised steps of 64 rows per iteration), with
-  ``--algo.overlap`` off and on (the update of each iteration trains in a thread while the next one collects).
+  ``--algo.overlap`` off (1 or 2 update threads) and on (the update of each iteration trains in a thread while the
+  next one collects: the quickstart's default since session 13), and with pipelined collection.
 
 Medians over repeats; the ratios are what we track. Results: ``benchmarks/results/throughput.json`` and, with
 ``--write``, the section ``## Training throughput`` of docs/benchmarks.md.
@@ -53,10 +54,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "PPO 1 thread (issue start)": {"algo": "ppo", "update_threads": 1, "rollout_threads": 1},
     "PPO update on 2 threads": {"algo": "ppo", "update_threads": 2, "rollout_threads": 1},
     "PPO update + acting on 2 threads": {"algo": "ppo", "update_threads": 2, "rollout_threads": 2},
-    "filtered_bc (quickstart)": {"algo": "filtered_bc", "overlap": False},
-    "filtered_bc overlapped update": {"algo": "filtered_bc", "overlap": True},
+    "filtered_bc 1 thread": {"algo": "filtered_bc", "overlap": False},
+    "filtered_bc update on 2 threads": {"algo": "filtered_bc", "overlap": False, "update_threads": 2},
+    "filtered_bc overlapped update (quickstart)": {"algo": "filtered_bc", "overlap": True},
+    "filtered_bc pipelined collection": {"algo": "filtered_bc", "overlap": False, "pipelined": True},
+    "filtered_bc overlapped + pipelined": {"algo": "filtered_bc", "overlap": True, "pipelined": True},
 }
-DEFAULT_VARIANTS = ("PPO 1 thread (issue start)", "filtered_bc (quickstart)", "filtered_bc overlapped update")
+DEFAULT_VARIANTS = ("PPO 1 thread (issue start)", "filtered_bc 1 thread", "filtered_bc update on 2 threads",
+                    "filtered_bc overlapped update (quickstart)")
 WARMUP_ITERATIONS = 20
 """At most this many untimed iterations per variant, until ``filtered_bc``'s success buffer yields minibatches."""
 
@@ -73,6 +78,7 @@ class Setup:
     update_threads: int = 1
     rollout_threads: int = 1
     overlap: bool = False
+    pipelined: bool = False
 
 
 def _quickstart(config_class: Any, algo: str, overlap: bool) -> Any:
@@ -85,7 +91,7 @@ def _quickstart(config_class: Any, algo: str, overlap: bool) -> Any:
 
 
 def build(policy_path: str, demos: str, seed: int, algo: str, update_threads: int = 1, rollout_threads: int = 1,
-          overlap: bool = False) -> Setup:
+          overlap: bool = False, pipelined: bool = False) -> Setup:
     from policies.io import checkpoint_cameras
     from policies.loading import load_policy
     from vla_rl.algorithms.base import ALGORITHMS
@@ -106,9 +112,10 @@ def build(policy_path: str, demos: str, seed: int, algo: str, update_threads: in
     learner = ALGORITHMS.get(cfg.algo.type).obj(cfg.algo, policy)
     if algo == "ppo":
         learner.iteration = 10**6  # past critic warmup: time the full actor + critic update
-    engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward)
+    engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward,
+                           pipelined=pipelined)
     engine.reset(seed=seed)
-    return Setup(env, policy, learner, engine, algo, update_threads, rollout_threads, overlap)
+    return Setup(env, policy, learner, engine, algo, update_threads, rollout_threads, overlap, pipelined)
 
 
 def iteration(s: Setup, decisions: int) -> dict[str, float]:
