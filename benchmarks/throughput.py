@@ -78,7 +78,6 @@ class Setup:
     update_threads: int = 1
     rollout_threads: int = 1
     overlap: bool = False
-    pipelined: bool = False
 
 
 def _quickstart(config_class: Any, algo: str, overlap: bool) -> Any:
@@ -115,7 +114,7 @@ def build(policy_path: str, demos: str, seed: int, algo: str, update_threads: in
     engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward,
                            pipelined=pipelined)
     engine.reset(seed=seed)
-    return Setup(env, policy, learner, engine, algo, update_threads, rollout_threads, overlap, pipelined)
+    return Setup(env, policy, learner, engine, algo, update_threads, rollout_threads, overlap)
 
 
 def iteration(s: Setup, decisions: int) -> dict[str, float]:

@@ -171,8 +171,8 @@ class GaussianMLPPolicy(Policy):
 
     def act(self, obs: dict[str, Any], mode: ActMode = ActMode.EXPLORE,
             generator: torch.Generator | None = None) -> ActOutput:
-        """``EXPLORE``: a Gaussian sample (drawn from ``generator``, default torch's global RNG) (clipped to ``[-1, 1]`` for the env; the log-prob is the raw sample's,
-        kept in ``extras["raw"]``) with the critic's value. ``EVAL``: the clipped mean, log-prob zeros, no value.
+        """``EXPLORE``: a Gaussian sample drawn from ``generator`` (default: torch's global RNG), clipped to
+        ``[-1, 1]`` for the env (the log-prob is the raw sample's, kept in ``extras["raw"]``), with the critic's value. ``EVAL``: the clipped mean, log-prob zeros, no value.
 
         Returns:
             :class:`ActOutput` with ``actions [B, H, A]`` and ``logp`` at ``config.logp_level``.

@@ -27,8 +27,8 @@ import torch
 
 from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import IterationInputs, LearnerConfig, Needs, SmokeLimits, register_learner
-from vla_rl.config import ConfigError
 from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
+from vla_rl.config import ConfigError
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 from vla_rl.data.mix import MixedSource
 from vla_rl.data.replay import SuccessBuffer
@@ -116,14 +116,6 @@ class FilteredBCLearner(SFTLearner):
             return self.buffer
         return MixedSource([(self.demos, self.cfg.demo_ratio), (self.buffer, 1.0 - self.cfg.demo_ratio)])
 
-    def _steps(self, batches: list[ChunkBatch], into: dict[str, float]) -> None:
-        """Gradient steps on ``batches``, adding each step's statistics (and the step count) to ``into``."""
-        assert self.updater is not None
-        for batch in batches:
-            for k, v in self.updater.step(batch).items():
-                into[k] = into.get(k, 0.0) + v
-            into["steps"] = into.get("steps", 0.0) + 1.0
-
     def _actor_weights(self) -> Policy:
         """The policy copy the envs are played with during an overlapped update, holding the current weights."""
         if self._actor is None:
@@ -161,7 +153,7 @@ class FilteredBCLearner(SFTLearner):
 
             def train() -> None:
                 try:
-                    self._steps(deferred, self._background)
+                    self._train_steps(deferred, self._background)
                 except BaseException as e:  # re-raised in the collecting thread
                     failure.append(e)
                 self._background["overlap_s"] = time.perf_counter() - started
@@ -189,8 +181,8 @@ class FilteredBCLearner(SFTLearner):
 
     def update(self, batch: Rollout) -> dict[str, float]:
         """``steps_per_iter`` supervised steps on the minibatches :meth:`collect` drew (none before ``min_buffer``).
-        With ``overlap`` they are deferred to the next collection unless the loop evaluates, checkpoints or stops
-        after this iteration; the statistics are those of the steps taken during this iteration."""
+        With ``overlap`` they are deferred to the next collection unless the loop evaluates or stops after this
+        iteration; the statistics are those of the steps taken during this iteration."""
         assert self.buffer is not None
         batches, self._batches = self._batches, []
         sums = dict(self._background)
@@ -198,11 +190,10 @@ class FilteredBCLearner(SFTLearner):
         if self.cfg.overlap and not self._sync:
             self._deferred = batches
         else:
-            self._steps(batches, sums)
+            self._train_steps(batches, sums)
         self.iteration += 1
-        steps = sums.pop("steps", 0.0)
-        stats = {f"update/{k.removeprefix('sft/')}": v / steps for k, v in sums.items()} if steps else {}
-        stats["update/steps"] = steps
+        steps = sums.get("steps", 0.0)
+        stats = {**self._averages(sums), "update/steps": steps}
         if overlapped is not None:
             stats["update/overlapped_s"] = overlapped
         # rows of a mixed batch come from source 0 (the demos) or 1 (the buffer); a buffer-only batch has no source

@@ -105,13 +105,24 @@ class SFTLearner(Learner):
         return [inputs.data.sample(bs, gen) for _ in range(self.cfg.steps_per_iter)]
 
     def update(self, batches: list[ChunkBatch]) -> dict[str, float]:
-        assert self.updater is not None
         sums: dict[str, float] = {}
+        self._train_steps(batches, sums)
+        self.iteration += 1
+        return self._averages(sums)
+
+    def _train_steps(self, batches: list[ChunkBatch], into: dict[str, float]) -> None:
+        """One gradient step per batch, adding each step's statistics and the step count (``steps``) to ``into``."""
+        assert self.updater is not None
         for batch in batches:
             for k, v in self.updater.step(batch).items():
-                sums[k] = sums.get(k, 0.0) + v
-        self.iteration += 1
-        return {f"update/{k.removeprefix('sft/')}": v / len(batches) for k, v in sums.items()}
+                into[k] = into.get(k, 0.0) + v
+            into["steps"] = into.get("steps", 0.0) + 1.0
+
+    @staticmethod
+    def _averages(sums: dict[str, float]) -> dict[str, float]:
+        """``update/<name>`` means per step of what :meth:`_train_steps` summed (nothing for no step)."""
+        steps = sums.pop("steps", 0.0)
+        return {f"update/{k.removeprefix('sft/')}": v / steps for k, v in sums.items()} if steps else {}
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.updater.optimizer] if self.updater is not None else []
