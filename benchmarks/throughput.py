@@ -179,7 +179,8 @@ def eval_seconds(s: Setup, episodes: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="", help="a pre-trained policy folder (e.g. a quickstart's sft_policy); "
-                    "default: a fresh quickstart policy (its episodes never succeed, so they all run to the limit)")
+                    "default: a fresh quickstart policy (its episodes never succeed, so they all run to the limit "
+                    "and the filtered_bc variants, which need successes, stop with an error)")
     ap.add_argument("--demos", default="", help="the demo dataset filtered_bc mixes in (the quickstart's, under "
                     "$VLA_RL_HOME/demos); default: none (the same supervised step on buffer rows only)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the variants")
@@ -254,8 +255,13 @@ def main() -> None:
 
 
 def render(r: dict[str, Any]) -> str:
+    command = "python benchmarks/throughput.py"
+    if r["policy"] != "fresh quickstart policy":
+        command += f" --policy {r['policy']}"
+    if r.get("demos"):
+        command += f" --demos {r['demos']}"
     lines = [
-        "`python benchmarks/throughput.py` (numbers in `benchmarks/results/throughput.json`): the quickstart's RL "
+        f"`{command}` (numbers in `benchmarks/results/throughput.json`): the quickstart's RL "
         "stage (`mujoco/pick-any`, 32 envs on 2 workers, front + wrist camera 64x64, compact flow policy, chunks of 4, "
         "6 decisions per env per iteration; PPO: full-chain Flow-SDE, 2 epochs x minibatch 192; filtered_bc: 8 "
         "supervised steps of 64 rows), each variant built once and timed interleaved, median of "
