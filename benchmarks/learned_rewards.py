@@ -1,5 +1,5 @@
-"""Learned rewards, measured: the success classifier's held-out accuracy, PPO on the classifier alone, and the
-process reward model's sample efficiency.
+"""Learned rewards, measured: the success classifier's held-out accuracy, PPO on the classifier alone, the
+process reward model's sample efficiency, and curriculum task selection against uniform sampling.
 
 Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part by part, seed by seed):
 
@@ -16,6 +16,12 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   from the same pre-trained start, ``{success: 1.0}`` and ``{success: 1.0, prm: <weight>}``, evaluated every
   ``--eval_every`` iterations on 400 held-out episodes; reports the env steps at which the PRM run first
   reaches the sparse run's final success (target: <= 60% of the sparse run's steps).
+- ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
+  (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
+  ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``) at the same iterations and env
+  steps, each scored by the per-task protocol (``--per_task`` held-out episodes of every task; the headline is
+  the mean over tasks, with its pooled 95% Wilson interval). Target: curriculum's mean over tasks above
+  uniform's. Each run's ``task/<name>/success`` and ``task/<name>/weight`` curves go into the results.
 
 Run alone for numbers worth recording (``OMP_NUM_THREADS=1``); on a 2-core CPU machine the classifier part
 took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
@@ -23,6 +29,7 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts classifier --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts ppo-classifier --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts prm --seeds 0 1 2
+    python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -107,8 +114,12 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path) -> d
 
 
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
-                   sft_from: Path | None = None, eval_episodes: int = 400) -> dict[str, Any]:
-    """``vla-rl quickstart`` with the RL stage's reward replaced by ``reward`` (a RewardConfig)."""
+                   sft_from: Path | None = None, eval_episodes: int = 400, preset: str = "quickstart_ppo",
+                   env: Any = None, per_task: int = 0, **fields: Any) -> dict[str, Any]:
+    """``vla-rl quickstart`` (``preset``; empty = its defaults) with the RL stage's reward replaced by ``reward``
+    (a RewardConfig; None = the preset's), the env by ``env`` (an EnvConfig), the evaluation by the ``per_task``
+    protocol with that many episodes per task (0 = the quickstart's seeded episodes) and other QuickstartConfig
+    ``fields`` set; ``sft_from``: a run folder whose pre-trained policy this run starts from."""
     import shutil
 
     from vla_rl.cli import parse_config
@@ -116,19 +127,27 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
 
     original = qs._train_config
 
-    def with_reward(cfg: Any, run: Path, policy_path: str) -> Any:
-        return dataclasses.replace(original(cfg, run, policy_path), reward=reward)
+    def patched(cfg: Any, run: Path, policy_path: str) -> Any:
+        train = original(cfg, run, policy_path)
+        if reward is not None:
+            train = dataclasses.replace(train, reward=reward)
+        if per_task:
+            train = dataclasses.replace(train, eval=dataclasses.replace(
+                train.eval, protocol="per_task", episodes_per_task=per_task))
+        return train
 
-    qs._train_config = with_reward
+    qs._train_config = patched
     try:
         if sft_from is not None and not (run_dir / "sft_policy").exists():  # the same pre-trained start
             run_dir.mkdir(parents=True, exist_ok=True)
             shutil.copytree(sft_from / "sft_policy", run_dir / "sft_policy")
-        # the quickstart with its Flow-SDE PPO stage: the reward drives the update (filtered_bc reads success only)
+        # quickstart_ppo: the quickstart with its Flow-SDE PPO stage, where the reward drives the update
+        # (filtered_bc, the default, reads success only)
+        base = parse_config(qs.QuickstartConfig, ["--preset", preset] if preset else [])
         cfg = dataclasses.replace(
-            parse_config(qs.QuickstartConfig, ["--preset", "quickstart_ppo"]), seed=seed, run_dir=str(run_dir),
-            iterations=iterations, eval_every=eval_every, resume=run_dir.exists(), eval_episodes=eval_episodes,
-            logging=dataclasses.replace(qs.LoggingConfig(), wandb=False, tensorboard=False))
+            base, seed=seed, run_dir=str(run_dir), iterations=iterations, eval_every=eval_every,
+            resume=run_dir.exists(), eval_episodes=eval_episodes, env=env if env is not None else base.env,
+            logging=dataclasses.replace(qs.LoggingConfig(), wandb=False, tensorboard=False), **fields)
         return qs.run_quickstart(cfg)
     finally:
         qs._train_config = original
@@ -158,13 +177,13 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: in
 
 
 def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float,
-             eval_episodes: int) -> dict[str, Any]:
+             eval_episodes: int, episodes: int = 400, epochs: int = 8) -> dict[str, Any]:
     from rewards import RewardConfig
     from rewards.learned.terms import ProgressTermConfig
 
     prm = model_path("progress", seed, out)
     if not (prm / "config.json").exists():
-        part_model("progress", seed, 400, 8, out)
+        part_model("progress", seed, episodes, epochs, out)
     t0 = time.perf_counter()
     sparse_dir = out / f"prm-sparse-s{seed}"
     quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
@@ -174,17 +193,204 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
                                                  prm=ProgressTermConfig(path=str(prm))),
                    iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes)
     sparse, mixed = evals(sparse_dir), evals(mixed_dir)
-    target = sparse[-1][1]
-    reached = next((step for step, succ in mixed if succ >= target), None)
+    start, target = sparse[0][1], sparse[-1][1]
+    # the first evaluation after some RL (the step-0 one is the shared start) at or above the sparse run's final
+    reached = next((step for step, succ in mixed if step > 0 and succ >= target), None)
     ratio = reached / sparse[-1][0] if reached is not None else float("nan")
-    return {"seed": seed, "sparse_final": target, "sparse_steps": sparse[-1][0], "mixed_final": mixed[-1][1],
-            "mixed_steps_to_sparse_final": reached, "step_ratio": ratio, "sparse_curve": sparse, "mixed_curve": mixed,
-            "prm_weight": weight, "wall_s": time.perf_counter() - t0, "ok": reached is not None and ratio <= 0.6}
+    return {"seed": seed, "start": start, "sparse_final": target, "sparse_steps": sparse[-1][0],
+            "mixed_final": mixed[-1][1], "mixed_steps_to_sparse_final": reached, "step_ratio": ratio,
+            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "wall_s": time.perf_counter() - t0,
+            # matching a sparse run that did not improve on the start says nothing about sample efficiency
+            "ok": target > start and reached is not None and ratio <= 0.6}
+
+
+def task_curves(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """``{task: [(env steps, recent training success, sampling weight)]}`` from a run's ``task/*`` scalars."""
+    curves: dict[str, list[tuple[int, float, float]]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        for key, value in row.items():
+            if key.startswith("task/") and key.endswith("/success"):
+                name = key[len("task/"):-len("/success")]
+                curves.setdefault(name, []).append((int(row["step"]), float(value),
+                                                    float(row.get(f"task/{name}/weight", float("nan")))))
+    return curves
+
+
+def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos: int, sft_steps: int,
+                    samplers: list[str]) -> dict[str, Any]:
+    """The quickstart's pipeline on ``mujoco/multi`` (12 tasks: pick, push, stack), one pre-trained start, then
+    one RL stage per task sampler at the same iterations (so the same env steps), each scored by the per-task
+    protocol (``per_task`` episodes of every task, the headline is the mean over tasks)."""
+    from vla_rl.commands.quickstart import _quickstart_env
+    from vla_rl.curriculum import TaskSamplingConfig
+
+    t0 = time.perf_counter()
+    rows: dict[str, Any] = {}
+    first: Path | None = None
+    for sampler in samplers:
+        env = dataclasses.replace(_quickstart_env(), id="mujoco/multi", tasks=TaskSamplingConfig(sampler=sampler))
+        run_dir = out / f"curriculum-{sampler}-s{seed}"
+        t = time.perf_counter()
+        s = quickstart_run(seed, run_dir, None, iterations, 0, sft_from=first, preset="", env=env,
+                           per_task=per_task, eval_episodes=12 * per_task, demos=demos,
+                           sft=dataclasses.replace(_sft_default(), episodes=demos, steps=sft_steps))
+        first = first or run_dir
+        rows[sampler] = {  # per_task protocol: success is the mean over tasks, the interval pooled (equal counts)
+            "before": s["success_before"], "after": s["success_after"], "before_ci": s["success_before_ci"],
+            "after_ci": s["success_after_ci"], "episodes": s["episodes_per_eval"], "env_steps": s["env_steps"],
+            "per_task_before": {t: r["success"] for t, r in s["per_task_before"].items()},
+            "per_task_after": {t: r["success"] for t, r in s["per_task_after"].items()},
+            "wall_s": time.perf_counter() - t, "curves": task_curves(run_dir)}
+    base = rows.get("uniform")
+    out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,
+                               "demos": demos, "sft_steps": sft_steps, "arms": rows, "wall_s": time.perf_counter() - t0}
+    if base is not None:
+        for sampler, row in rows.items():
+            if sampler != "uniform":
+                out_row[f"{sampler}_minus_uniform"] = row["after"] - base["after"]
+        out_row["ok"] = all(row["after"] > base["after"] for name, row in rows.items() if name != "uniform")
+    return out_row
+
+
+def _sft_default() -> Any:
+    from vla_rl.commands.quickstart import QuickstartConfig
+
+    return QuickstartConfig().sft
+
+
+def _by_seed(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return sorted(section["seeds"].items(), key=lambda kv: int(kv[0]))
+
+
+def _yes(row: dict[str, Any]) -> str:
+    return "yes" if row.get("ok") else "no"
+
+
+def _ci(ci: list[float]) -> str:
+    return f"[{ci[0]:.2f}-{ci[1]:.2f}]"
+
+
+def _conditions(section: dict[str, Any]) -> str:
+    c = section.get("conditions", {})
+    return (f"{c.get('machine', '?')}, torch {c.get('torch', '?')}, no GPU, OMP_NUM_THREADS={c.get('omp_threads')}, "
+            f"{c.get('date', '?')}, load average {c.get('load_average_at_end', float('nan')):.1f} at the end")
+
+
+def plot_curriculum(section: dict[str, Any], path: Path) -> None:
+    """Per task, the recent training success of each sampler's run (seed 0), and the curriculum's task weights."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    row = section["seeds"][min(section["seeds"], key=int)]
+    arms = row["arms"]
+    fig, axes = plt.subplots(1, len(arms) + 1, figsize=(4.2 * (len(arms) + 1), 3.4), squeeze=False)
+    for ax, (sampler, arm) in zip(axes[0], arms.items()):
+        for task, curve in sorted(arm["curves"].items()):
+            ax.plot([c[0] / 1e3 for c in curve], [c[1] for c in curve], lw=1, label=task)
+        ax.set_title(f"{sampler}: recent training success", fontsize=9)
+        ax.set_xlabel("env steps (k)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    curved = next((a for name, a in arms.items() if name != "uniform"), None)
+    ax = axes[0][-1]
+    if curved is not None:
+        for task, curve in sorted(curved["curves"].items()):
+            ax.plot([c[0] / 1e3 for c in curve], [c[2] for c in curve], lw=1, label=task)
+    ax.set_title("task weight (non-uniform sampler)", fontsize=9)
+    ax.set_xlabel("env steps (k)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def render(results: dict[str, Any]) -> str:
+    """The ``## Learned rewards (issue 19)`` section: one table per part present in ``results``."""
+    out = ["Numbers: `benchmarks/results/rewards.json`; rendered by `python benchmarks/learned_rewards.py --render "
+           "docs/benchmarks.md`. Readings: the next section."]
+    if "classifier" in results:
+        sec = results["classifier"]
+        out += ["", "### Success classifier", "",
+                "`--parts classifier`: on `mujoco/pick-any` (front + wrist cameras at 64 px, the compact policy's "
+                "inputs), 400 training and 400 held-out episodes (other reset seeds) of the scripted expert with "
+                "per-env action noise cycling through 0 / 0.5 / 1 / 2; a classifier (shared 3-layer CNN per camera + "
+                "state MLP, width 32) trained 8 epochs on the cameras and `observation.state` (never the privileged "
+                "state). *Episode accuracy*: its verdict on each held-out episode's final observation against the "
+                f"simulator's success (what the `classifier` reward pays on). {_conditions(sec)}.", "",
+                "| seed | train successes | held-out successes | episode accuracy [95% CI] | frame precision | "
+                "frame recall | frame accuracy | held-out frames | record + fit s | >= 0.95 |",
+                "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+        for seed, r in _by_seed(sec):
+            n, k = r["episodes"], round(r["episode_accuracy"] * r["episodes"])
+            out.append(f"| {seed} | {r['train_successes']}/{r['train_episodes']} | {r['successful_episodes']}/{n} | "
+                       f"{r['episode_accuracy']:.3f} {_ci(list(wilson(k, n)))} | {r['precision']:.2f} | "
+                       f"{r['recall']:.3f} | {r['accuracy']:.3f} | {r['frames']} | {r['record_s']:.0f} + "
+                       f"{r['fit_s']:.0f} | {_yes(r)} |")
+    if "ppo-classifier" in results:
+        sec = results["ppo-classifier"]
+        out += ["", "### PPO with the classifier as its only reward", "",
+                "`--parts ppo-classifier`: `vla-rl quickstart --preset quickstart_ppo` (demos, few-shot imitation, "
+                "Flow-SDE PPO for 200 iterations) with the reward replaced by `{classifier: 1.0}` (the seed's "
+                "classifier above): the learner never sees the simulator's success or dense reward; the 400 "
+                "held-out episodes before and after are scored by the simulator's success (deterministic policy, "
+                f"95% Wilson interval). {_conditions(sec)}.", "",
+                "| seed | success before [95% CI] | success after [95% CI] | gain | episodes | env steps | wall s | "
+                ">= +0.15 |", "|---:|---|---|---:|---:|---:|---:|---|"]
+        for seed, r in _by_seed(sec):
+            out.append(f"| {seed} | {r['before']:.3f} {_ci(r['before_ci'])} | {r['after']:.3f} {_ci(r['after_ci'])} | "
+                       f"{r['gain']:+.3f} | {r['episodes']} | {r['env_steps']:,} | {r['wall_s']:.0f} | "
+                       f"{_yes(r)} |")
+    if "prm" in results:
+        sec = results["prm"]
+        out += ["", "### Process reward model", "",
+                "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
+                "`{success: 1.0, prm: w}`, evaluated every `--eval_every` iterations on 400 held-out episodes. "
+                f"{_conditions(sec)}.", "",
+                "| seed | start | sparse final | its env steps | PRM final | PRM steps to the sparse final | ratio | "
+                "<= 0.6 |", "|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for seed, r in _by_seed(sec):
+            reached = r["mixed_steps_to_sparse_final"]
+            out.append(f"| {seed} | {r.get('start', float('nan')):.3f} | {r['sparse_final']:.3f} | {r['sparse_steps']:,} | {r['mixed_final']:.3f} | "
+                       f"{'-' if reached is None else f'{reached:,}'} | {r['step_ratio']:.2f} | "
+                       f"{_yes(r)} |")
+    if "curriculum" in results:
+        sec = results["curriculum"]
+        rows = _by_seed(sec)
+        first = rows[0][1]
+        out += ["", "### Curriculum task selection", "",
+                f"`--parts curriculum`: the quickstart's pipeline on `mujoco/multi` (12 tasks: 3 pick, 3 push, 6 "
+                f"stack): {first['demos']} expert demos, {first['sft_steps']} steps of imitation, then from that one pre-trained start one "
+                f"RL stage (the quickstart's default `filtered_bc`) per task sampler for {first['iterations']} "
+                "iterations (the same env steps), each scored by the per-task protocol "
+                f"({first['episodes_per_task']} held-out episodes of every task; success = the mean over tasks, "
+                f"pooled 95% Wilson interval). {_conditions(sec)}.", "",
+                "| seed | sampler | before [95% CI] | after [95% CI] | vs uniform | env steps | wall s |",
+                "|---:|---|---|---|---:|---:|---:|"]
+        for seed, r in rows:
+            base = r["arms"].get("uniform")
+            for sampler, a in r["arms"].items():
+                diff = f"{a['after'] - base['after']:+.3f}" if base is not None and sampler != "uniform" else "-"
+                out.append(f"| {seed} | {sampler} | {a['before']:.3f} {_ci(a['before_ci'])} | {a['after']:.3f} "
+                           f"{_ci(a['after_ci'])} | {diff} | {a['env_steps']:,} | {a['wall_s']:.0f} |")
+        samplers = list(first["arms"])
+        tasks = list(first["arms"][samplers[0]]["per_task_after"])
+        out += ["", "Per task, mean over seeds of held-out success (before RL, then after each sampler's RL stage):", "",
+                "| task | before | " + " | ".join(samplers) + " |", "|---|---:|" + "---:|" * len(samplers)]
+        for t in tasks:
+            before = sum(r["arms"][samplers[0]]["per_task_before"][t] for _, r in rows) / len(rows)
+            cells = [sum(r["arms"][s]["per_task_after"][t] for _, r in rows) / len(rows) for s in samplers]
+            out.append(f"| {t} | {before:.2f} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+        out += ["", "![per-task training success and curriculum weights, seed 0](img/curriculum.png)"]
+    return "\n".join(out) + "\n"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", nargs="+", default=["classifier"], choices=["classifier", "ppo-classifier", "prm"])
+    p.add_argument("--parts", nargs="+", default=["classifier"], choices=["classifier", "ppo-classifier", "prm", "curriculum"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=400, help="training and held-out episodes each (classifier)")
     p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
@@ -192,8 +398,25 @@ def main() -> None:
     p.add_argument("--eval_every", type=int, default=25, help="prm: evaluate every this many iterations")
     p.add_argument("--prm_weight", type=float, default=1.0)
     p.add_argument("--eval_episodes", type=int, default=400, help="held-out episodes per RL evaluation")
+    p.add_argument("--samplers", nargs="+", default=["uniform", "curriculum"],
+                   help="curriculum: the task samplers compared (uniform first: the baseline)")
+    p.add_argument("--per_task", type=int, default=34, help="curriculum: held-out episodes per task (12 tasks)")
+    p.add_argument("--curriculum_iterations", type=int, default=120, help="curriculum: RL iterations per sampler")
+    p.add_argument("--curriculum_demos", type=int, default=200, help="curriculum: expert demos for pre-training")
+    p.add_argument("--curriculum_sft_steps", type=int, default=2000, help="curriculum: pre-training steps")
     p.add_argument("--out", default="runs/bench-rewards", help="models and runs go here")
+    p.add_argument("--render", type=Path, default=None,
+                   help="write the tables of every part in rewards.json into this file's learned-rewards section "
+                        "(docs/benchmarks.md) and the curriculum plot into docs/img/curriculum.png, then stop")
     args = p.parse_args()
+    if args.render is not None:
+        from bench_report import write_section
+
+        results = json.loads(RESULTS.read_text())
+        if "curriculum" in results:
+            plot_curriculum(results["curriculum"], ROOT / "docs" / "img" / "curriculum.png")
+        write_section(args.render, "## Learned rewards (issue 19)", render(results))
+        return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -205,8 +428,12 @@ def main() -> None:
                 row["ok"] = row["episode_accuracy"] >= 0.95
             elif part == "ppo-classifier":
                 row = part_ppo_classifier(seed, out, args.iterations, args.eval_episodes)
+            elif part == "curriculum":
+                row = part_curriculum(seed, out, args.curriculum_iterations, args.per_task, args.curriculum_demos,
+                                      args.curriculum_sft_steps, args.samplers)
             else:
-                row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes)
+                row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
+                               args.episodes, args.epochs)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             section = results.setdefault(part, {"seeds": {}})

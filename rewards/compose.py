@@ -34,12 +34,15 @@ class ChunkReward:
         terms: name -> ``float32 [n]`` each term summed like ``reward`` (every env term and every
             configured term).
         step_terms: name -> ``float32 [H, n]`` each term per step (0 on held steps).
+        ends: ``bool [n]`` the envs whose episode a term ends at the chunk's outcome (a success classifier
+            with ``terminate``; :meth:`rewards.terms.RewardTerm`), whether or not the env itself ended it.
     """
 
     reward: Tensor
     step_reward: Tensor
     terms: dict[str, Tensor]
     step_terms: dict[str, Tensor]
+    ends: Tensor | None = None
 
 
 def weighted_step_reward(terms: dict[str, Tensor], weights: Sequence[tuple[str, float]]) -> Tensor:
@@ -102,6 +105,11 @@ class RewardFunction:
         self._terms: dict[str, RewardTerm] = {name: make_term(name, getattr(config, name, None))
                                               for name, _ in self.weights}
 
+    @property
+    def ends_episodes(self) -> bool:
+        """Whether a configured term can end episodes (a success classifier with ``terminate``)."""
+        return any(hasattr(t, "episode_end") and getattr(t, "terminate", True) for t in self._terms.values())
+
     def __call__(self, steps: ChunkSteps, actions: Tensor, obs: Obs) -> ChunkReward:
         """The rewards of one chunk.
 
@@ -120,6 +128,7 @@ class RewardFunction:
         horizon = live.shape[0]
         executed: Tensor | None = None
         outcome: Obs = {}
+        ends = torch.zeros(live.shape[1], dtype=torch.bool)
         last = live & ~torch.cat([live[1:], torch.zeros_like(live[:1])])  # [H, n]: each env's last live step
         for name, term in self._terms.items():
             if name in values:  # reported by the env: read straight from the chunk
@@ -138,6 +147,9 @@ class RewardFunction:
                 )
                 per_step.append(term(step).float().cpu().reshape(-1))
             values[name] = torch.stack(per_step)
+            episode_end = getattr(term, "episode_end", None)
+            if episode_end is not None:
+                ends = ends | episode_end().bool().cpu().reshape(-1)
         step_reward = weighted_step_reward(values, self.weights)
         zero = torch.zeros((), dtype=torch.float32)
         return ChunkReward(
@@ -145,4 +157,5 @@ class RewardFunction:
             step_reward=torch.where(live, step_reward, zero),
             terms={k: chunk_sum(v, live) for k, v in values.items()},
             step_terms={k: torch.where(live, v, zero) for k, v in values.items()},
+            ends=ends,
         )

@@ -8,7 +8,9 @@ configured reward terms (:class:`rewards.RewardConfig`, applied by :class:`rewar
 the one place weights are applied); every term is kept per decision and per step. An env whose
 episode ends inside a chunk is held still (zero actions, i.e. no end-effector motion) for the rest
 of that chunk (:mod:`sim.chunk`), so no reward of its next episode leaks into the old decision; its
-next decision starts from the new episode's observation.
+next decision starts from the new episode's observation. A reward term may also end an episode (a success
+classifier standing in for the simulator's success, :attr:`rewards.compose.ChunkReward.ends`): the
+decision is then terminal and the env is reset before the next decision (sequential collection only).
 
 Everything ``evaluate`` needs (``ActOutput.extras``) is recorded, together
 with the value of each decision's true successor (the final observation where
@@ -58,6 +60,9 @@ class EpisodeRecord:
     success: bool
     task_index: int = -1
     """Multi-task envs: the episode's index into ``EnvSpec.tasks`` (``task_index`` of its final observation)."""
+    ended_by_reward: bool = False
+    """A reward term ended it (a success classifier's verdict, :attr:`rewards.compose.ChunkReward.ends`), not the
+    env; ``success`` is still the env's own flag (False: the env had not reported success)."""
 
 
 @dataclass
@@ -175,7 +180,7 @@ def _cat_chunks(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "signals": signals,
         "term": torch.cat([p["term"] for p in parts]), "trunc": torch.cat([p["trunc"] for p in parts]),
         "final": {i: f for p in parts for i, f in p["final"].items()},
-        "episodes": [ep for _, ep in episodes],
+        "episodes": [ep for _, ep in episodes], "cut": [i for p in parts for i in p.get("cut", [])],
     }
 
 
@@ -204,7 +209,13 @@ class RolloutEngine:
         self.use_critic = use_critic
         self.pipelined = pipelined
         self.reward = RewardFunction(reward or RewardConfig(), env.spec.env_id)
+        if pipelined and self.reward.ends_episodes:
+            raise ValueError("a reward term ends episodes (reward.classifier.terminate), which needs sequential "
+                             "collection: set --algo.pipelined false, or --reward.classifier.terminate false")
         self._obs: Obs | None = None
+        # the running return (env reward) and length of each env's episode, for episodes a reward term ends
+        self._ep_ret = torch.zeros(env.num_envs)
+        self._ep_len = torch.zeros(env.num_envs, dtype=torch.long)
         self.total_env_steps = 0
         self.times = StageTimes()  # env / act / value seconds of the collection in progress
         self.generator: torch.Generator | None = None
@@ -232,7 +243,11 @@ class RolloutEngine:
             steps = self.env.step_chunk(actions[:, : self.exec_steps])
         self.total_env_steps += self.env.num_envs * self.exec_steps
         self._obs = steps.obs
-        return _cat_chunks([self._chunk_from_steps(steps, alive, actions, obs)])
+        chunk = _cat_chunks([self._chunk_from_steps(steps, alive, actions, obs)])
+        if chunk["cut"]:  # episodes a reward term ended: start the next ones now
+            with self.times("env"):
+                self._obs = self.env.reset(env_ids=chunk["cut"])
+        return chunk
 
     def _bootstrap(self, next_values: Tensor, chunk: dict[str, Any]) -> None:
         """Replace next values of truncated envs by the value of their final observation."""
@@ -248,6 +263,8 @@ class RolloutEngine:
     def reset(self, seed: int | list[int] | None = None) -> None:
         """Reset every env (``seed`` as in :meth:`sim.VecEnv.reset`) and the policy's episode state."""
         self._obs = self.env.reset(seed=seed)
+        self._ep_ret.zero_()
+        self._ep_len.zero_()
         self.policy.reset()
 
     @torch.no_grad()
@@ -383,11 +400,29 @@ class RolloutEngine:
                 )))
         term = (steps.terminated & live).any(0)
         trunc = (steps.truncated & live & ~steps.terminated).any(0)
+        # running episode books; then the episodes a reward term ends (the env had not ended them)
+        reward, held = steps.reward.float().cpu(), ~live.cpu()
+        idx = torch.as_tensor(ids)
+        ended = (term | trunc).cpu()
+        self._ep_len[idx] = torch.where(ended, held.sum(0), self._ep_len[idx] + held.shape[0])
+        self._ep_ret[idx] = torch.where(ended, (reward * held).sum(0), self._ep_ret[idx] + reward.sum(0))
+        cut = torch.zeros_like(term) if rewards.ends is None else rewards.ends.cpu() & ~ended
+        for j in cut.nonzero().flatten().tolist():
+            i = ids[j]
+            if alive[j]:
+                episodes.append((live.shape[0] - 1, EpisodeRecord(
+                    env=i, task=steps.obs[TASK][j], ret=float(self._ep_ret[i]), length=int(self._ep_len[i]),
+                    success=False, ended_by_reward=True,
+                    task_index=int(steps.obs[TASK_INDEX][j]) if TASK_INDEX in steps.obs else -1,
+                )))
+            self._ep_ret[i], self._ep_len[i] = 0.0, 0
+        term = term | cut.to(term.device)
         zero = torch.zeros((), dtype=torch.float32)
         signals = {k: torch.where(live, v.float().cpu(), zero) for k, v in steps.signals.items()}
         return {"reward": rewards.reward, "terms": rewards.terms, "step_terms": rewards.step_terms,
                 "signals": signals, "term": term,
-                "trunc": trunc, "final": final, "episodes": episodes}
+                "trunc": trunc, "final": final, "episodes": episodes,
+                "cut": [ids[j] for j in cut.nonzero().flatten().tolist()]}
 
     def _collect(self, num_decisions: int, mode: ActMode, group_ids: Tensor | None, stop_when_all_ended: bool) -> Rollout:
         b = self.env.num_envs

@@ -8,7 +8,9 @@ last step of the chunk (the step its episode ended, or the chunk's last) from th
 
 - ``classifier``: ``1`` when ``P(success | outcome) >= threshold`` (or the probability itself with
   ``threshold: 0``). With ``--reward.terms '{classifier: 1.0}'`` the learner never sees the simulator's
-  success reward; evaluation still scores the simulator's success.
+  success reward; evaluation still scores the simulator's success. By default (``terminate``) a success
+  verdict also ends the episode, as the simulator's success does: the rollout engine resets the env and
+  the decision is terminal, so each success is paid once.
 - ``prm``: ``progress(outcome) - progress(decision observation)``, a potential difference (Ng et al. 1999):
   over an episode it sums to the progress gained, so it cannot be farmed by going back and forth, and mixed
   with sparse success (``{success: 1.0, prm: 0.5}``) it shapes without changing which policy is optimal.
@@ -37,6 +39,12 @@ class ClassifierTermConfig:
     """Reward model folder of kind ``classifier`` (``vla-rl reward train --kind classifier``)."""
     threshold: float = 0.5
     """Pay 1 when P(success) >= threshold, else 0; 0 = pay the probability itself."""
+    terminate: bool = True
+    """End the episode when the classifier says success (P >= threshold, 0.5 with ``threshold: 0``), as
+    LeRobot's human-in-the-loop RL does: the rollout engine resets that env and the decision is terminal,
+    so a success is paid once. False pays every chunk whose outcome looks like success, which a policy
+    farms by holding a state the classifier misjudges instead of finishing (docs/benchmarks.md, "Learned
+    rewards: reading")."""
 
 
 @dataclass
@@ -84,13 +92,20 @@ class _ChunkOutcomeTerm:
 class ClassifierTerm(_ChunkOutcomeTerm):
     """See the module doc (``classifier``)."""
 
-    def __init__(self, model: RewardModel, threshold: float) -> None:
+    def __init__(self, model: RewardModel, threshold: float, terminate: bool = True) -> None:
         super().__init__(model)
         self.threshold = threshold
+        self.terminate = terminate
+        self._success = torch.zeros(0, dtype=torch.bool)
 
     def chunk_value(self, step: StepInput) -> Tensor:
         p = self.model.predict(step.next_obs, where=f"{step.env_id} observation")  # type: ignore[arg-type]
-        return (p >= self.threshold).float() if self.threshold > 0 else p
+        self._success = p >= (self.threshold if self.threshold > 0 else 0.5)
+        return self._success.float() if self.threshold > 0 else p
+
+    def episode_end(self) -> Tensor:
+        """``bool [B]``: the envs whose chunk outcome the classifier judged a success (none without ``terminate``)."""
+        return self._success.clone() if self.terminate else torch.zeros_like(self._success)
 
 
 class ProgressTerm(_ChunkOutcomeTerm):
@@ -110,7 +125,7 @@ def classifier(cfg: ClassifierTermConfig) -> RewardTerm:
     Raises:
         policies.io.CheckpointError: for a missing path, a damaged folder or a model of another kind.
     """
-    return ClassifierTerm(_model(cfg.path, "classifier", "classifier"), cfg.threshold)
+    return ClassifierTerm(_model(cfg.path, "classifier", "classifier"), cfg.threshold, cfg.terminate)
 
 
 @REWARDS.register("prm", config=ProgressTermConfig,

@@ -264,3 +264,48 @@ def test_dataset_episodes_are_labelled_with_the_state_each_frame_shows(tmp_path)
         read_dataset_episodes(root, keys=[image_key("wrist")])
     with pytest.raises(EpisodeDataError, match="not a LeRobotDataset"):
         read_dataset_episodes(tmp_path / "nothing")
+
+
+def test_a_success_verdict_ends_the_episode_so_it_is_paid_once(tmp_path):
+    """The classifier (P ~ 1 once position >= 0.5; the env's own goal, 9.0, is never reached) ends each episode
+    at its first success verdict: the decision is terminal, the env is reset, the episode is recorded as ended by
+    the reward (not an env success). Without ``terminate`` the same verdict is paid again on every later chunk."""
+    clf = _switch_model().save(tmp_path / "clf")
+
+    def run(terminate: bool):
+        cfg = RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(path=str(clf), terminate=terminate))
+        env = _counter_env(n=2, goal=9.0, steps=40)
+        engine = RolloutEngine(env, GaussianPolicy(2, 1, horizon=2, init_mean=0.2), reward=cfg)
+        engine.reset(seed=0)
+        try:
+            return engine.collect(6, ActMode.EVAL)
+        finally:
+            env.close()
+
+    ro = run(terminate=True)
+    paid = ro.reward_terms["classifier"] > 0.5
+    assert paid.any() and torch.equal(ro.terminated, paid)  # every payment ends its episode, nothing else does
+    cut = [e for e in ro.episodes if e.ended_by_reward]
+    assert len(cut) == int(paid.sum()) and not any(e.success for e in cut)
+    t, b = paid.nonzero()[0].tolist()
+    assert ro.obs[OBS_STATE][t + 1, b, 1] == 0.0  # the next decision starts a fresh episode (step counter 0)
+    # each episode ends at the chunk that first reaches 0.5: from 0.0-0.2 at +0.4 a chunk, after 1-2 chunks
+    assert all(e.length in (2, 4) for e in cut)
+
+    farmed = run(terminate=False)
+    assert not farmed.terminated.any()
+    per_env = (farmed.reward_terms["classifier"] > 0.5).sum(0)
+    assert (per_env >= 4).all()  # the same episode paid on chunk after chunk
+
+
+def test_a_terminating_reward_refuses_pipelined_collection(tmp_path):
+    clf = _switch_model().save(tmp_path / "clf")
+    cfg = RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(path=str(clf)))
+    env = _counter_env(n=2)
+    try:
+        with pytest.raises(ValueError, match="terminate"):
+            RolloutEngine(env, GaussianPolicy(2, 1, horizon=2), pipelined=True, reward=cfg)
+        off = RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(path=str(clf), terminate=False))
+        assert RolloutEngine(env, GaussianPolicy(2, 1, horizon=2), pipelined=True, reward=off).pipelined
+    finally:
+        env.close()
