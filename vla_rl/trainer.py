@@ -54,13 +54,16 @@ def rollout_scalars(rollout: Rollout, episodes: list[EpisodeRecord] | None = Non
     statistics are over ``episodes`` when given (every rank's, in a distributed run), else the rollout's own."""
     eps = rollout.episodes if episodes is None else episodes
     nan = float("nan")
-    return {
+    out = {
         "rollout/episodes": float(len(eps)),
         "rollout/success": sum(e.success for e in eps) / len(eps) if eps else nan,
         "rollout/return": sum(e.ret for e in eps) / len(eps) if eps else nan,
         "rollout/length": sum(e.length for e in eps) / len(eps) if eps else nan,
         **reward_scalars(rollout),
     }
+    if any(e.ended_by_reward for e in eps):  # a success classifier ends episodes: how often it ended one
+        out["rollout/ended_by_reward"] = sum(e.ended_by_reward for e in eps) / len(eps)
+    return out
 
 
 def task_curriculum(cfg: TrainConfig, spec: EnvSpec) -> TaskCurriculum | None:

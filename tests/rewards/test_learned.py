@@ -31,6 +31,7 @@ from sim.vector import SerialVecEnv
 from tests.sim.toy_env import CounterEnv
 from tests.vla_rl.toy_policy import GaussianPolicy
 from vla_rl.rollout import RolloutEngine, reward_scalars
+from vla_rl.trainer import rollout_scalars
 
 CAM = image_key("cam")
 
@@ -287,6 +288,7 @@ def test_a_success_verdict_ends_the_episode_so_it_is_paid_once(tmp_path):
     assert paid.any() and torch.equal(ro.terminated, paid)  # every payment ends its episode, nothing else does
     cut = [e for e in ro.episodes if e.ended_by_reward]
     assert len(cut) == int(paid.sum()) and not any(e.success for e in cut)
+    assert rollout_scalars(ro)["rollout/ended_by_reward"] == pytest.approx(len(cut) / len(ro.episodes))
     t, b = paid.nonzero()[0].tolist()
     assert ro.obs[OBS_STATE][t + 1, b, 1] == 0.0  # the next decision starts a fresh episode (step counter 0)
     # each episode ends at the chunk that first reaches 0.5: from 0.0-0.2 at +0.4 a chunk, after 1-2 chunks
