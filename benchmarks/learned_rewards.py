@@ -8,10 +8,14 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   with per-env action noise 0 / 0.5 / 1 / 2 (successes, near misses, failures), train a classifier on the
   cameras + state (privileged state excluded) and score the held-out episodes: *episode accuracy* (the
   classifier's verdict on the state each episode ended in vs the simulator's success; target >= 0.95) and
-  frame precision / recall. Saves the classifier for the next part.
+  frame precision / recall. Saves the classifier for the next part. ``--policy_episodes N`` adds N episodes of
+  the seed's pre-trained policy exploring (training and held out; the negatives an RL policy reaches),
+  ``--images_only`` drops the arm state from the inputs, ``--classifier NAME`` names the variant (its folder and
+  its results section, e.g. ``classifier (classifier-v2)``).
 - ``ppo-classifier``: ``vla-rl quickstart`` (demos, few-shot imitation, Flow-SDE PPO, 400 held-out episodes
   before and after) with the reward replaced by ``{classifier: 1.0}``: the learner never sees the simulator's
-  success or dense reward; evaluation scores the simulator's success. Target: after - before >= +0.15.
+  success or dense reward; evaluation scores the simulator's success. Target: after - before >= +0.15. The
+  classifier's success verdict ends the episode (``reward.classifier.terminate``, its default).
 - ``prm``: a process reward model (``stages`` labels) trained like the classifier; then two quickstart RL runs
   from the same pre-trained start, ``{success: 1.0}`` and ``{success: 1.0, prm: <weight>}``, evaluated every
   ``--eval_every`` iterations on 400 held-out episodes; reports the env steps at which the PRM run first
@@ -53,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "rewards.json"
 NOISE = [0.0, 0.5, 1.0, 2.0]
 HELD_OUT_SEED = 7_000_000
+CLASSIFIER_PARTS = ("classifier", "ppo-classifier")
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -72,29 +77,46 @@ def env_config(num_envs: int = 16) -> Any:
     return dataclasses.replace(_quickstart_env(), num_envs=num_envs, num_workers=0)
 
 
-def record(seed: int, episodes: int, desc: str) -> list[Any]:
+def record(seed: int, episodes: int, desc: str, policy: str = "expert") -> list[Any]:
+    """Episodes of the scripted expert with action noise :data:`NOISE`, or of a policy folder (exploring)."""
     from rewards.learned.data import record_episodes
     from vla_rl.commands.reward import _actor
 
     cfg = env_config()
     with cfg.make(seed=seed) as env:
-        return record_episodes(env, _actor("expert", env, NOISE, seed), episodes, seed, desc=desc)
+        return record_episodes(env, _actor(policy, env, NOISE, seed), episodes, seed, desc=desc)
+
+
+def pretrained(seed: int, out: Path) -> Path:
+    """The quickstart's pre-trained policy of ``seed`` (``quickstart_ppo``'s demos and imitation; no RL), its run folder."""
+    run = out / f"pretrained-s{seed}"
+    if not (run / "report.json").exists():
+        quickstart_run(seed, run, None, 0, 0, eval_episodes=1)
+    return run
 
 
 def model_path(kind: str, seed: int, out: Path) -> Path:
     return out / f"{kind}-s{seed}"
 
 
-def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path) -> dict[str, Any]:
-    """Train a classifier (or a stage-labelled progress model) and score it on held-out episodes."""
+def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, policy_episodes: int = 0,
+               images_only: bool = False, name: str = "") -> dict[str, Any]:
+    """Train a classifier (or a stage-labelled progress model) and score it on held-out episodes: ``episodes`` of
+    the noisy expert, plus ``policy_episodes`` of the seed's pre-trained policy exploring (its near misses and
+    empty lifts are the negatives an RL policy would otherwise exploit), each for training and held out."""
     from rewards.learned.labels import milestone_targets, success_targets
     from rewards.learned.train import FitConfig, classifier_metrics, fit_reward_model, progress_metrics
 
     t0 = time.perf_counter()
     train = record(seed * 10_000, episodes, f"record train s{seed}")
     held = record(HELD_OUT_SEED + seed * 10_000, episodes, f"record held-out s{seed}")
+    if policy_episodes:
+        policy = str(pretrained(seed, out) / "sft_policy")
+        train += record(seed * 10_000 + 5_000, policy_episodes, f"record policy train s{seed}", policy)
+        held += record(HELD_OUT_SEED + seed * 10_000 + 5_000, policy_episodes, f"record policy held-out s{seed}", policy)
     t1 = time.perf_counter()
-    fit = FitConfig(epochs=epochs, holdout=0.0, seed=seed)
+    keys = [k for k in train[0].obs if k.startswith("observation.images.")] if images_only else []
+    fit = FitConfig(epochs=epochs, holdout=0.0, seed=seed, keys=keys)
     if kind == "classifier":
         targets = [success_targets(e) for e in train]
     else:
@@ -107,10 +129,11 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path) -> d
         held, held_targets = milestone_targets(held, "stages")
         metrics = progress_metrics(model, held, held_targets)
     model.config.metrics = {"held_out": metrics}
-    model.save(model_path(kind, seed, out))
+    model.save(model_path(name or kind, seed, out))
     return {"seed": seed, "train_episodes": len(train), "train_successes": sum(e.succeeded for e in train),
             **metrics, "record_s": t1 - t0, "fit_s": t2 - t1, "epochs": epochs,
-            "path": str(model_path(kind, seed, out))}
+            "policy_episodes": policy_episodes, "inputs": sorted(model.config.inputs),
+            "path": str(model_path(name or kind, seed, out))}
 
 
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
@@ -159,21 +182,25 @@ def evals(run_dir: Path) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["eval/success"])) for r in rows if "eval/success" in r]
 
 
-def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: int) -> dict[str, Any]:
+def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: int,
+                        kind: str = "classifier") -> dict[str, Any]:
     from rewards import RewardConfig
     from rewards.learned.terms import ClassifierTermConfig
 
-    clf = model_path("classifier", seed, out)
+    clf = model_path(kind, seed, out)
     if not (clf / "config.json").exists():
         raise SystemExit(f"no classifier at {clf}: run --parts classifier first")
     reward = RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(path=str(clf)))
     t0 = time.perf_counter()
-    s = quickstart_run(seed, out / f"ppo-classifier-s{seed}", reward, iterations, 0, eval_episodes=eval_episodes)
+    start = out / f"pretrained-s{seed}"
+    s = quickstart_run(seed, out / f"ppo-{kind}-s{seed}", reward, iterations, 0, eval_episodes=eval_episodes,
+                       sft_from=start if (start / "sft_policy").exists() else None)
     n = s["episodes_per_eval"]
     return {"seed": seed, "before": s["success_before"], "after": s["success_after"],
             "gain": s["success_after"] - s["success_before"], "before_ci": s["success_before_ci"],
             "after_ci": s["success_after_ci"], "episodes": n, "env_steps": s["env_steps"],
-            "wall_s": time.perf_counter() - t0, "ok": s["success_after"] - s["success_before"] >= 0.15}
+            "classifier": str(clf), "wall_s": time.perf_counter() - t0,
+            "ok": s["success_after"] - s["success_before"] >= 0.15}
 
 
 def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float,
@@ -204,8 +231,15 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
             "ok": target > start and reached is not None and ratio <= 0.6}
 
 
-def task_curves(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
-    """``{task: [(env steps, recent training success, sampling weight)]}`` from a run's ``task/*`` scalars."""
+def gradient_steps(run_dir: Path) -> int:
+    """The gradient steps a run's RL stage took (``update/steps`` summed over its iterations)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return int(sum(r.get("update/steps", 0) or 0 for r in rows))
+
+
+def task_curves(run_dir: Path, every: int = 5) -> dict[str, list[tuple[int, float, float]]]:
+    """``{task: [(env steps, recent training success, sampling weight)]}`` from a run's ``task/*`` scalars, every
+    ``every``-th iteration and the last."""
     curves: dict[str, list[tuple[int, float, float]]] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -214,15 +248,15 @@ def task_curves(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
                 name = key[len("task/"):-len("/success")]
                 curves.setdefault(name, []).append((int(row["step"]), float(value),
                                                     float(row.get(f"task/{name}/weight", float("nan")))))
-    return curves
+    return {task: curve[::every] + ([curve[-1]] if (len(curve) - 1) % every else []) for task, curve in curves.items()}
 
 
 def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos: int, sft_steps: int,
-                    samplers: list[str]) -> dict[str, Any]:
+                    samplers: list[str], min_buffer: int = 64) -> dict[str, Any]:
     """The quickstart's pipeline on ``mujoco/multi`` (12 tasks: pick, push, stack), one pre-trained start, then
     one RL stage per task sampler at the same iterations (so the same env steps), each scored by the per-task
     protocol (``per_task`` episodes of every task, the headline is the mean over tasks)."""
-    from vla_rl.commands.quickstart import _quickstart_env
+    from vla_rl.commands.quickstart import _quickstart_algo, _quickstart_env
     from vla_rl.curriculum import TaskSamplingConfig
 
     t0 = time.perf_counter()
@@ -234,17 +268,19 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
         t = time.perf_counter()
         s = quickstart_run(seed, run_dir, None, iterations, 0, sft_from=first, preset="", env=env,
                            per_task=per_task, eval_episodes=12 * per_task, demos=demos,
-                           sft=dataclasses.replace(_sft_default(), episodes=demos, steps=sft_steps))
+                           sft=dataclasses.replace(_sft_default(), episodes=demos, steps=sft_steps),
+                           algo=dataclasses.replace(_quickstart_algo(), min_buffer=min_buffer))
         first = first or run_dir
         rows[sampler] = {  # per_task protocol: success is the mean over tasks, the interval pooled (equal counts)
             "before": s["success_before"], "after": s["success_after"], "before_ci": s["success_before_ci"],
             "after_ci": s["success_after_ci"], "episodes": s["episodes_per_eval"], "env_steps": s["env_steps"],
             "per_task_before": {t: r["success"] for t, r in s["per_task_before"].items()},
             "per_task_after": {t: r["success"] for t, r in s["per_task_after"].items()},
-            "wall_s": time.perf_counter() - t, "curves": task_curves(run_dir)}
+            "gradient_steps": gradient_steps(run_dir), "wall_s": time.perf_counter() - t,
+            "curves": task_curves(run_dir)}
     base = rows.get("uniform")
     out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,
-                               "demos": demos, "sft_steps": sft_steps, "arms": rows, "wall_s": time.perf_counter() - t0}
+                               "demos": demos, "sft_steps": sft_steps, "min_buffer": min_buffer, "arms": rows, "wall_s": time.perf_counter() - t0}
     if base is not None:
         for sampler, row in rows.items():
             if sampler != "uniform":
@@ -261,6 +297,11 @@ def _sft_default() -> Any:
 
 def _by_seed(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return sorted(section["seeds"].items(), key=lambda kv: int(kv[0]))
+
+
+def _variant(key: str) -> str:
+    """`` (classifier-v2)`` for a results section of a classifier variant (``--classifier``), else empty."""
+    return f" ({key.split(' (', 1)[1]}" if " (" in key else ""
 
 
 def _yes(row: dict[str, Any]) -> str:
@@ -312,9 +353,9 @@ def render(results: dict[str, Any]) -> str:
     """The ``## Learned rewards (issue 19)`` section: one table per part present in ``results``."""
     out = ["Numbers: `benchmarks/results/rewards.json`; rendered by `python benchmarks/learned_rewards.py --render "
            "docs/benchmarks.md`. Readings: the next section."]
-    if "classifier" in results:
-        sec = results["classifier"]
-        out += ["", "### Success classifier", "",
+    for key in [k for k in results if k.split(" (")[0] == "classifier"]:
+        sec = results[key]
+        out += ["", f"### Success classifier{_variant(key)}", "",
                 "`--parts classifier`: on `mujoco/pick-any` (front + wrist cameras at 64 px, the compact policy's "
                 "inputs), 400 training and 400 held-out episodes (other reset seeds) of the scripted expert with "
                 "per-env action noise cycling through 0 / 0.5 / 1 / 2; a classifier (shared 3-layer CNN per camera + "
@@ -330,9 +371,9 @@ def render(results: dict[str, Any]) -> str:
                        f"{r['episode_accuracy']:.3f} {_ci(list(wilson(k, n)))} | {r['precision']:.2f} | "
                        f"{r['recall']:.3f} | {r['accuracy']:.3f} | {r['frames']} | {r['record_s']:.0f} + "
                        f"{r['fit_s']:.0f} | {_yes(r)} |")
-    if "ppo-classifier" in results:
-        sec = results["ppo-classifier"]
-        out += ["", "### PPO with the classifier as its only reward", "",
+    for key in [k for k in results if k.split(" (")[0] == "ppo-classifier"]:
+        sec = results[key]
+        out += ["", f"### PPO with the classifier as its only reward{_variant(key)}", "",
                 "`--parts ppo-classifier`: `vla-rl quickstart --preset quickstart_ppo` (demos, few-shot imitation, "
                 "Flow-SDE PPO for 200 iterations) with the reward replaced by `{classifier: 1.0}` (the seed's "
                 "classifier above): the learner never sees the simulator's success or dense reward; the 400 "
@@ -364,18 +405,20 @@ def render(results: dict[str, Any]) -> str:
         out += ["", "### Curriculum task selection", "",
                 f"`--parts curriculum`: the quickstart's pipeline on `mujoco/multi` (12 tasks: 3 pick, 3 push, 6 "
                 f"stack): {first['demos']} expert demos, {first['sft_steps']} steps of imitation, then from that one pre-trained start one "
-                f"RL stage (the quickstart's default `filtered_bc`) per task sampler for {first['iterations']} "
+                f"RL stage (the quickstart's default `filtered_bc`, `min_buffer` {first.get('min_buffer', 256)}) per task "
+                f"sampler for {first['iterations']} "
                 "iterations (the same env steps), each scored by the per-task protocol "
                 f"({first['episodes_per_task']} held-out episodes of every task; success = the mean over tasks, "
                 f"pooled 95% Wilson interval). {_conditions(sec)}.", "",
-                "| seed | sampler | before [95% CI] | after [95% CI] | vs uniform | env steps | wall s |",
-                "|---:|---|---|---|---:|---:|---:|"]
+                "| seed | sampler | before [95% CI] | after [95% CI] | vs uniform | env steps | gradient steps | wall s |",
+                "|---:|---|---|---|---:|---:|---:|---:|"]
         for seed, r in rows:
             base = r["arms"].get("uniform")
             for sampler, a in r["arms"].items():
                 diff = f"{a['after'] - base['after']:+.3f}" if base is not None and sampler != "uniform" else "-"
                 out.append(f"| {seed} | {sampler} | {a['before']:.3f} {_ci(a['before_ci'])} | {a['after']:.3f} "
-                           f"{_ci(a['after_ci'])} | {diff} | {a['env_steps']:,} | {a['wall_s']:.0f} |")
+                           f"{_ci(a['after_ci'])} | {diff} | {a['env_steps']:,} | {a.get('gradient_steps', '-')} | "
+                           f"{a['wall_s']:.0f} |")
         samplers = list(first["arms"])
         tasks = list(first["arms"][samplers[0]]["per_task_after"])
         out += ["", "Per task, mean over seeds of held-out success (before RL, then after each sampler's RL stage):", "",
@@ -394,6 +437,12 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=400, help="training and held-out episodes each (classifier)")
     p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
+    p.add_argument("--policy_episodes", type=int, default=0,
+                   help="classifier: also this many episodes of the seed's pre-trained policy exploring, for "
+                        "training and held out (labelled by the simulator, as an operator would label them)")
+    p.add_argument("--images_only", action="store_true", help="classifier: read the cameras only (no arm state)")
+    p.add_argument("--classifier", default="classifier",
+                   help="name of the classifier folder under --out (and of the results' part): e.g. classifier-v2")
     p.add_argument("--iterations", type=int, default=200, help="PPO iterations (the quickstart_ppo preset's length)")
     p.add_argument("--eval_every", type=int, default=25, help="prm: evaluate every this many iterations")
     p.add_argument("--prm_weight", type=float, default=1.0)
@@ -404,6 +453,9 @@ def main() -> None:
     p.add_argument("--curriculum_iterations", type=int, default=120, help="curriculum: RL iterations per sampler")
     p.add_argument("--curriculum_demos", type=int, default=200, help="curriculum: expert demos for pre-training")
     p.add_argument("--curriculum_sft_steps", type=int, default=2000, help="curriculum: pre-training steps")
+    p.add_argument("--curriculum_min_buffer", type=int, default=64,
+                   help="curriculum: filtered_bc's min_buffer (the quickstart's 256 took a 0.03 start 120 "
+                        "iterations without one update)")
     p.add_argument("--out", default="runs/bench-rewards", help="models and runs go here")
     p.add_argument("--render", type=Path, default=None,
                    help="write the tables of every part in rewards.json into this file's learned-rewards section "
@@ -424,19 +476,21 @@ def main() -> None:
         for seed in args.seeds:
             t0 = time.perf_counter()
             if part == "classifier":
-                row = part_model("classifier", seed, args.episodes, args.epochs, out)
+                row = part_model("classifier", seed, args.episodes, args.epochs, out, args.policy_episodes,
+                                 args.images_only, args.classifier)
                 row["ok"] = row["episode_accuracy"] >= 0.95
             elif part == "ppo-classifier":
-                row = part_ppo_classifier(seed, out, args.iterations, args.eval_episodes)
+                row = part_ppo_classifier(seed, out, args.iterations, args.eval_episodes, args.classifier)
             elif part == "curriculum":
                 row = part_curriculum(seed, out, args.curriculum_iterations, args.per_task, args.curriculum_demos,
-                                      args.curriculum_sft_steps, args.samplers)
+                                      args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer)
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
-            section = results.setdefault(part, {"seeds": {}})
+            key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"
+            section = results.setdefault(key, {"seeds": {}})
             section["seeds"][str(seed)] = row
             section["conditions"] = {
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "torch": torch.__version__,
