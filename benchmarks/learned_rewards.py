@@ -237,7 +237,7 @@ def gradient_steps(run_dir: Path) -> int:
     return int(sum(r.get("update/steps", 0) or 0 for r in rows))
 
 
-def task_curves(run_dir: Path, every: int = 5) -> dict[str, list[tuple[int, float, float]]]:
+def task_curves(run_dir: Path, every: int = 20) -> dict[str, list[tuple[int, float, float]]]:
     """``{task: [(env steps, recent training success, sampling weight)]}`` from a run's ``task/*`` scalars, every
     ``every``-th iteration and the last."""
     curves: dict[str, list[tuple[int, float, float]]] = {}
@@ -355,13 +355,22 @@ def render(results: dict[str, Any]) -> str:
            "docs/benchmarks.md`. Readings: the next section."]
     for key in [k for k in results if k.split(" (")[0] == "classifier"]:
         sec = results[key]
+        first = _by_seed(sec)[0][1]
+        extra = first.get("policy_episodes", 0)
+        reads = ("the cameras only" if first.get("inputs") and "observation.state" not in first["inputs"]
+                 else "the cameras and `observation.state`")
+        args = sec.get("conditions", {}).get("args", {})
+        expert = args.get("episodes", 400)
         out += ["", f"### Success classifier{_variant(key)}", "",
                 "`--parts classifier`: on `mujoco/pick-any` (front + wrist cameras at 64 px, the compact policy's "
-                "inputs), 400 training and 400 held-out episodes (other reset seeds) of the scripted expert with "
-                "per-env action noise cycling through 0 / 0.5 / 1 / 2; a classifier (shared 3-layer CNN per camera + "
-                "state MLP, width 32) trained 8 epochs on the cameras and `observation.state` (never the privileged "
-                "state). *Episode accuracy*: its verdict on each held-out episode's final observation against the "
-                f"simulator's success (what the `classifier` reward pays on). {_conditions(sec)}.", "",
+                f"inputs), {expert} training and {expert} held-out episodes (other reset seeds) of the scripted expert "
+                "with per-env action noise cycling through 0 / 0.5 / 1 / 2"
+                + (f", plus {extra} training and {extra} held-out episodes of the seed's pre-trained policy exploring"
+                   if extra else "")
+                + "; a classifier (shared 3-layer CNN per camera + state MLP, width 32) trained "
+                f"{args.get('epochs', 8)} epochs on {reads} (never the privileged state). *Episode accuracy*: its "
+                "verdict on each held-out episode's final observation against the simulator's success (what the "
+                f"`classifier` reward pays on). {_conditions(sec)}.", "",
                 "| seed | train successes | held-out successes | episode accuracy [95% CI] | frame precision | "
                 "frame recall | frame accuracy | held-out frames | record + fit s | >= 0.95 |",
                 "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
@@ -385,6 +394,7 @@ def render(results: dict[str, Any]) -> str:
             out.append(f"| {seed} | {r['before']:.3f} {_ci(r['before_ci'])} | {r['after']:.3f} {_ci(r['after_ci'])} | "
                        f"{r['gain']:+.3f} | {r['episodes']} | {r['env_steps']:,} | {r['wall_s']:.0f} | "
                        f"{_yes(r)} |")
+        out += [f"\nSeed {seed}: {r['note']}." for seed, r in _by_seed(sec) if r.get("note")]
     if "prm" in results:
         sec = results["prm"]
         out += ["", "### Process reward model", "",
