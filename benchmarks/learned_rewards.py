@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import sys
@@ -58,17 +57,6 @@ RESULTS = ROOT / "benchmarks" / "results" / "rewards.json"
 NOISE = [0.0, 0.5, 1.0, 2.0]
 HELD_OUT_SEED = 7_000_000
 CLASSIFIER_PARTS = ("classifier", "ppo-classifier")
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of ``k`` successes in ``n``."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return mid - half, mid + half
 
 
 def env_config(num_envs: int = 16) -> Any:
@@ -176,9 +164,13 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
         qs._train_config = original
 
 
-def evals(run_dir: Path) -> list[tuple[int, float]]:
-    """``[(env steps, eval success)]`` of a run's evaluations, in order."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """A run's logged rows (``metrics.jsonl``), in order."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def evals(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """``[(env steps, eval success)]`` of a run's evaluations (its :func:`metrics` rows), in order."""
     return [(int(r["step"]), float(r["eval/success"])) for r in rows if "eval/success" in r]
 
 
@@ -219,7 +211,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     quickstart_run(seed, mixed_dir, RewardConfig(terms={"success": 1.0, "prm": weight},
                                                  prm=ProgressTermConfig(path=str(prm))),
                    iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes)
-    sparse, mixed = evals(sparse_dir), evals(mixed_dir)
+    sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     start, target = sparse[0][1], sparse[-1][1]
     # the first evaluation after some RL (the step-0 one is the shared start) at or above the sparse run's final
     reached = next((step for step, succ in mixed if step > 0 and succ >= target), None)
@@ -231,18 +223,16 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
             "ok": target > start and reached is not None and ratio <= 0.6}
 
 
-def gradient_steps(run_dir: Path) -> int:
-    """The gradient steps a run's RL stage took (``update/steps`` summed over its iterations)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def gradient_steps(rows: list[dict[str, Any]]) -> int:
+    """The gradient steps a run's RL stage took (``update/steps`` of its :func:`metrics` rows, summed)."""
     return int(sum(r.get("update/steps", 0) or 0 for r in rows))
 
 
-def task_curves(run_dir: Path, every: int = 20) -> dict[str, list[tuple[int, float, float]]]:
-    """``{task: [(env steps, recent training success, sampling weight)]}`` from a run's ``task/*`` scalars, every
-    ``every``-th iteration and the last."""
+def task_curves(rows: list[dict[str, Any]], every: int = 20) -> dict[str, list[tuple[int, float, float]]]:
+    """``{task: [(env steps, recent training success, sampling weight)]}`` from a run's ``task/*`` scalars (its
+    :func:`metrics` rows), every ``every``-th iteration and the last."""
     curves: dict[str, list[tuple[int, float, float]]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in rows:
         for key, value in row.items():
             if key.startswith("task/") and key.endswith("/success"):
                 name = key[len("task/"):-len("/success")]
@@ -258,6 +248,7 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
     protocol (``per_task`` episodes of every task, the headline is the mean over tasks)."""
     from vla_rl.commands.quickstart import _quickstart_algo, _quickstart_env
     from vla_rl.curriculum import TaskSamplingConfig
+    from vla_rl.sft import SFTConfig
 
     t0 = time.perf_counter()
     rows: dict[str, Any] = {}
@@ -268,31 +259,27 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
         t = time.perf_counter()
         s = quickstart_run(seed, run_dir, None, iterations, 0, sft_from=first, preset="", env=env,
                            per_task=per_task, eval_episodes=12 * per_task, demos=demos,
-                           sft=dataclasses.replace(_sft_default(), episodes=demos, steps=sft_steps),
+                           sft=SFTConfig(steps=sft_steps, episodes=demos),
                            algo=dataclasses.replace(_quickstart_algo(), min_buffer=min_buffer))
         first = first or run_dir
+        logged = metrics(run_dir)
         rows[sampler] = {  # per_task protocol: success is the mean over tasks, the interval pooled (equal counts)
             "before": s["success_before"], "after": s["success_after"], "before_ci": s["success_before_ci"],
             "after_ci": s["success_after_ci"], "episodes": s["episodes_per_eval"], "env_steps": s["env_steps"],
             "per_task_before": {t: r["success"] for t, r in s["per_task_before"].items()},
             "per_task_after": {t: r["success"] for t, r in s["per_task_after"].items()},
-            "gradient_steps": gradient_steps(run_dir), "wall_s": time.perf_counter() - t,
-            "curves": task_curves(run_dir)}
+            "gradient_steps": gradient_steps(logged), "wall_s": time.perf_counter() - t,
+            "curves": task_curves(logged)}
     base = rows.get("uniform")
     out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,
-                               "demos": demos, "sft_steps": sft_steps, "min_buffer": min_buffer, "arms": rows, "wall_s": time.perf_counter() - t0}
+                               "demos": demos, "sft_steps": sft_steps, "min_buffer": min_buffer, "arms": rows,
+                               "wall_s": time.perf_counter() - t0}
     if base is not None:
         for sampler, row in rows.items():
             if sampler != "uniform":
                 out_row[f"{sampler}_minus_uniform"] = row["after"] - base["after"]
         out_row["ok"] = all(row["after"] > base["after"] for name, row in rows.items() if name != "uniform")
     return out_row
-
-
-def _sft_default() -> Any:
-    from vla_rl.commands.quickstart import QuickstartConfig
-
-    return QuickstartConfig().sft
 
 
 def _by_seed(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -351,6 +338,8 @@ def plot_curriculum(section: dict[str, Any], path: Path) -> None:
 
 def render(results: dict[str, Any]) -> str:
     """The ``## Learned rewards (issue 19)`` section: one table per part present in ``results``."""
+    from vla_rl.evaluation import wilson_interval
+
     out = ["Numbers: `benchmarks/results/rewards.json`; rendered by `python benchmarks/learned_rewards.py --render "
            "docs/benchmarks.md`. Readings: the next section."]
     for key in [k for k in results if k.split(" (")[0] == "classifier"]:
@@ -377,7 +366,7 @@ def render(results: dict[str, Any]) -> str:
         for seed, r in _by_seed(sec):
             n, k = r["episodes"], round(r["episode_accuracy"] * r["episodes"])
             out.append(f"| {seed} | {r['train_successes']}/{r['train_episodes']} | {r['successful_episodes']}/{n} | "
-                       f"{r['episode_accuracy']:.3f} {_ci(list(wilson(k, n)))} | {r['precision']:.2f} | "
+                       f"{r['episode_accuracy']:.3f} {_ci(list(wilson_interval(k, n)))} | {r['precision']:.2f} | "
                        f"{r['recall']:.3f} | {r['accuracy']:.3f} | {r['frames']} | {r['record_s']:.0f} + "
                        f"{r['fit_s']:.0f} | {_yes(r)} |")
     for key in [k for k in results if k.split(" (")[0] == "ppo-classifier"]:

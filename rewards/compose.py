@@ -108,7 +108,7 @@ class RewardFunction:
     @property
     def ends_episodes(self) -> bool:
         """Whether a configured term can end episodes (a success classifier with ``terminate``)."""
-        return any(hasattr(t, "episode_end") and getattr(t, "terminate", True) for t in self._terms.values())
+        return any(getattr(t, "ends_episodes", False) for t in self._terms.values())
 
     def __call__(self, steps: ChunkSteps, actions: Tensor, obs: Obs) -> ChunkReward:
         """The rewards of one chunk.
@@ -147,9 +147,8 @@ class RewardFunction:
                 )
                 per_step.append(term(step).float().cpu().reshape(-1))
             values[name] = torch.stack(per_step)
-            episode_end = getattr(term, "episode_end", None)
-            if episode_end is not None:
-                ends = ends | episode_end().bool().cpu().reshape(-1)
+            if getattr(term, "ends_episodes", False):
+                ends = ends | term.episode_end().bool().cpu().reshape(-1)  # type: ignore[attr-defined]
         step_reward = weighted_step_reward(values, self.weights)
         zero = torch.zeros((), dtype=torch.float32)
         return ChunkReward(

@@ -99,9 +99,9 @@ class RewardTerm(Protocol):
     """A reward term: ``term(step) -> float32 [B]``, one value per env for one step.
 
     A term may also end episodes (a success classifier standing in for the simulator's success): it then has
-    ``episode_end() -> bool [B]``, asked once after the term ran on every step of a chunk, True for the envs
-    whose episode the chunk's outcome ends (:attr:`rewards.compose.ChunkReward.ends`; the rollout engine makes
-    those decisions terminal and resets the envs).
+    ``ends_episodes = True`` and ``episode_end() -> bool [B]``, asked once after the term ran on every step of a
+    chunk, True for the envs whose episode the chunk's outcome ends (:attr:`rewards.compose.ChunkReward.ends`;
+    the rollout engine makes those decisions terminal and resets the envs).
     """
 
     def __call__(self, step: StepInput) -> Tensor: ...

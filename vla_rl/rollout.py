@@ -214,6 +214,7 @@ class RolloutEngine:
                              "collection: set --algo.pipelined false, or --reward.classifier.terminate false")
         self._obs: Obs | None = None
         # the running return (env reward) and length of each env's episode, for episodes a reward term ends
+        # (kept only when a configured term can end one, :meth:`_cut_episodes`)
         self._ep_ret = torch.zeros(env.num_envs)
         self._ep_len = torch.zeros(env.num_envs, dtype=torch.long)
         self.total_env_steps = 0
@@ -400,13 +401,27 @@ class RolloutEngine:
                 )))
         term = (steps.terminated & live).any(0)
         trunc = (steps.truncated & live & ~steps.terminated).any(0)
-        # running episode books; then the episodes a reward term ends (the env had not ended them)
-        reward, held = steps.reward.float().cpu(), ~live.cpu()
+        cut: list[int] = []  # envs whose episode a reward term ended (the env had not)
+        if self.reward.ends_episodes:
+            by_reward = self._cut_episodes(steps, live, term | trunc, rewards.ends, alive, episodes)
+            term = term | by_reward.to(term.device)
+            cut = [ids[j] for j in by_reward.nonzero().flatten().tolist()]
+        zero = torch.zeros((), dtype=torch.float32)
+        signals = {k: torch.where(live, v.float().cpu(), zero) for k, v in steps.signals.items()}
+        return {"reward": rewards.reward, "terms": rewards.terms, "step_terms": rewards.step_terms,
+                "signals": signals, "term": term,
+                "trunc": trunc, "final": final, "episodes": episodes, "cut": cut}
+
+    def _cut_episodes(self, steps: Any, live: Tensor, ended: Tensor, ends: Tensor | None, alive: Tensor,
+                      episodes: list[tuple[int, EpisodeRecord]]) -> Tensor:
+        """Keep each env's running episode return (env reward) and length, and record the episodes a reward term
+        ends (``ends`` where the env had not ``ended`` them) into ``episodes``; returns them as ``bool [n]``."""
+        ids = steps.env_ids
+        reward, held, ended = steps.reward.float().cpu(), ~live.cpu(), ended.cpu()
         idx = torch.as_tensor(ids)
-        ended = (term | trunc).cpu()
         self._ep_len[idx] = torch.where(ended, held.sum(0), self._ep_len[idx] + held.shape[0])
         self._ep_ret[idx] = torch.where(ended, (reward * held).sum(0), self._ep_ret[idx] + reward.sum(0))
-        cut = torch.zeros_like(term) if rewards.ends is None else rewards.ends.cpu() & ~ended
+        cut = torch.zeros_like(ended) if ends is None else ends.cpu() & ~ended
         for j in cut.nonzero().flatten().tolist():
             i = ids[j]
             if alive[j]:
@@ -416,13 +431,7 @@ class RolloutEngine:
                     task_index=int(steps.obs[TASK_INDEX][j]) if TASK_INDEX in steps.obs else -1,
                 )))
             self._ep_ret[i], self._ep_len[i] = 0.0, 0
-        term = term | cut.to(term.device)
-        zero = torch.zeros((), dtype=torch.float32)
-        signals = {k: torch.where(live, v.float().cpu(), zero) for k, v in steps.signals.items()}
-        return {"reward": rewards.reward, "terms": rewards.terms, "step_terms": rewards.step_terms,
-                "signals": signals, "term": term,
-                "trunc": trunc, "final": final, "episodes": episodes,
-                "cut": [ids[j] for j in cut.nonzero().flatten().tolist()]}
+        return cut
 
     def _collect(self, num_decisions: int, mode: ActMode, group_ids: Tensor | None, stop_when_all_ended: bool) -> Rollout:
         b = self.env.num_envs

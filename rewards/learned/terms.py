@@ -95,7 +95,7 @@ class ClassifierTerm(_ChunkOutcomeTerm):
     def __init__(self, model: RewardModel, threshold: float, terminate: bool = True) -> None:
         super().__init__(model)
         self.threshold = threshold
-        self.terminate = terminate
+        self.ends_episodes = terminate
         self._success = torch.zeros(0, dtype=torch.bool)
 
     def chunk_value(self, step: StepInput) -> Tensor:
@@ -104,8 +104,8 @@ class ClassifierTerm(_ChunkOutcomeTerm):
         return self._success.float() if self.threshold > 0 else p
 
     def episode_end(self) -> Tensor:
-        """``bool [B]``: the envs whose chunk outcome the classifier judged a success (none without ``terminate``)."""
-        return self._success.clone() if self.terminate else torch.zeros_like(self._success)
+        """``bool [B]``: the envs whose chunk outcome the classifier judged a success (asked with ``terminate``)."""
+        return self._success.clone()
 
 
 class ProgressTerm(_ChunkOutcomeTerm):
