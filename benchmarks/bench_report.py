@@ -1,8 +1,12 @@
-"""Shared by the benchmarks: replace one ``## Section`` of ``docs/benchmarks.md``, leaving the others intact."""
+"""Shared by the benchmarks: replace one ``## Section`` of ``docs/benchmarks.md``, leaving the others intact, and
+write a results file atomically (a benchmark stopped mid-write leaves the previous numbers, not half a file)."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 HEADER = "# Benchmarks\n\nMeasured on our machine kind: 2 CPU cores, 24 GiB, no GPU (often shared with other jobs).\n"
 
@@ -19,8 +23,20 @@ def write_section(path: Path, title: str, body: str) -> None:
     else:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
         out = lines[:start] + new + lines[end:]
+    _replace(path, "\n".join(out).rstrip("\n") + "\n")
+
+
+def write_json(path: Path, data: Any, indent: int = 1) -> None:
+    """Write ``data`` as JSON at ``path`` (``benchmarks/results/<name>.json``) atomically; values JSON does not
+    know (paths, numpy scalars) are written as their ``str``."""
+    _replace(path, json.dumps(data, indent=indent, default=str) + "\n")
+
+
+def _replace(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out).rstrip("\n") + "\n")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:

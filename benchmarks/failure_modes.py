@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_section  # noqa: E402
+from bench_report import write_json, write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -146,10 +146,7 @@ def main() -> None:
         print(table(rows[-1:]), flush=True)
     meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "when": time.strftime("%Y-%m-%d %H:%M"),
             "seed": args.seed, "num_steps": args.num_steps, "near_m": NEAR}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
-    tmp.replace(RESULTS)
+    write_json(RESULTS, {"meta": meta, "results": rows})
     print(table(rows))
     if args.write:
         write_section(args.write, SECTION,

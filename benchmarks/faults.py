@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from bench_report import write_json  # noqa: E402
 
 from tests.faults.inject import count_events, flip_bit, run_forked, truncate  # noqa: E402
 
@@ -279,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"n": args.n, "seed": args.seed, "date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0,
             "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, load {os.getloadavg()[0]:.1f}",
             "torch_threads": torch.get_num_threads()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "kinds": {k: asdict(r) for k, r in results.items()}}, indent=2))
+    write_json(args.out, {"meta": meta, "kinds": {k: asdict(r) for k, r in results.items()}}, indent=2)
     print(markdown(results, meta))
     bad = sum(r.files_lost + r.commands_outside_envelope + r.failures for r in results.values())
     return 1 if bad else 0

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_report import split_passthrough, write_section  # noqa: E402
+from bench_report import split_passthrough, write_json, write_section  # noqa: E402
 
 SECTION = "## GRAPE alignment"
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,9 +188,7 @@ def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict
               "pretrain_args": pre_extra, "pretrain_wall_seconds": pre_walls, "runs": rows, "ppo": ppo_rows,
               "conditions": conditions}
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.results.with_name(args.results.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, args.results)
+    write_json(args.results, result, indent=2)
     cmd = " ".join(["python benchmarks/grape.py", *sys.argv[1:]])
     body = "\n".join([
         f"`{cmd}`: `vla-rl align` (presets `align_<objective>`{', plus ' + ' '.join(extra) if extra else ''}) from "

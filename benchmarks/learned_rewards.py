@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_report import write_json, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -376,12 +377,17 @@ def render(results: dict[str, Any]) -> str:
                 "Flow-SDE PPO for 200 iterations) with the reward replaced by `{classifier: 1.0}` (the seed's "
                 "classifier above): the learner never sees the simulator's success or dense reward; the 400 "
                 "held-out episodes before and after are scored by the simulator's success (deterministic policy, "
-                f"95% Wilson interval). {_conditions(sec)}.", "",
-                "| seed | success before [95% CI] | success after [95% CI] | gain | episodes | env steps | wall s | "
-                ">= +0.15 |", "|---:|---|---|---:|---:|---:|---:|---|"]
+                f"95% Wilson interval). *Simulator-reward gain*: the same PPO from the same start on the simulator's "
+                "own success (`{success: 1.0}`, the `prm` part's sparse run, where measured): what a perfect "
+                f"classifier would give. {_conditions(sec)}.", "",
+                "| seed | success before [95% CI] | success after [95% CI] | gain | simulator-reward gain | episodes | "
+                "env steps | wall s | >= +0.15 |", "|---:|---|---|---:|---:|---:|---:|---:|---|"]
+        sparse = results.get("prm", {}).get("seeds", {})
         for seed, r in _by_seed(sec):
+            ref = sparse.get(seed)
+            oracle = f"{ref['sparse_final'] - ref['start']:+.3f}" if ref and "start" in ref else "-"
             out.append(f"| {seed} | {r['before']:.3f} {_ci(r['before_ci'])} | {r['after']:.3f} {_ci(r['after_ci'])} | "
-                       f"{r['gain']:+.3f} | {r['episodes']} | {r['env_steps']:,} | {r['wall_s']:.0f} | "
+                       f"{r['gain']:+.3f} | {oracle} | {r['episodes']} | {r['env_steps']:,} | {r['wall_s']:.0f} | "
                        f"{_yes(r)} |")
         out += [f"\nSeed {seed}: {r['note']}." for seed, r in _by_seed(sec) if r.get("note")]
     if "prm" in results:
@@ -397,11 +403,11 @@ def render(results: dict[str, Any]) -> str:
             out.append(f"| {seed} | {r.get('start', float('nan')):.3f} | {r['sparse_final']:.3f} | {r['sparse_steps']:,} | {r['mixed_final']:.3f} | "
                        f"{'-' if reached is None else f'{reached:,}'} | {r['step_ratio']:.2f} | "
                        f"{_yes(r)} |")
-    if "curriculum" in results:
-        sec = results["curriculum"]
+    for key in [k for k in results if k.split(" (")[0] == "curriculum"]:
+        sec = results[key]
         rows = _by_seed(sec)
         first = rows[0][1]
-        out += ["", "### Curriculum task selection", "",
+        out += ["", f"### Curriculum task selection{_variant(key)}", "",
                 f"`--parts curriculum`: the quickstart's pipeline on `mujoco/multi` (12 tasks: 3 pick, 3 push, 6 "
                 f"stack): {first['demos']} expert demos, {first['sft_steps']} steps of imitation, then from that one pre-trained start one "
                 f"RL stage (the quickstart's default `filtered_bc`, `min_buffer` {first.get('min_buffer', 256)}) per task "
@@ -426,7 +432,8 @@ def render(results: dict[str, Any]) -> str:
             before = sum(r["arms"][samplers[0]]["per_task_before"][t] for _, r in rows) / len(rows)
             cells = [sum(r["arms"][s]["per_task_after"][t] for _, r in rows) / len(rows) for s in samplers]
             out.append(f"| {t} | {before:.2f} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-        out += ["", "![per-task training success and curriculum weights, seed 0](img/curriculum.png)"]
+        if key == "curriculum":
+            out += ["", "![per-task training success and curriculum weights, seed 0](img/curriculum.png)"]
     return "\n".join(out) + "\n"
 
 
@@ -455,14 +462,15 @@ def main() -> None:
     p.add_argument("--curriculum_min_buffer", type=int, default=64,
                    help="curriculum: filtered_bc's min_buffer (the quickstart's 256 took a 0.03 start 120 "
                         "iterations without one update)")
+    p.add_argument("--tag", default="",
+                   help="file this run's rows under '<part> (TAG)' in rewards.json (a variant of a part's settings), "
+                        "not the part's own section")
     p.add_argument("--out", default="runs/bench-rewards", help="models and runs go here")
     p.add_argument("--render", type=Path, default=None,
                    help="write the tables of every part in rewards.json into this file's learned-rewards section "
                         "(docs/benchmarks.md) and the curriculum plot into docs/img/curriculum.png, then stop")
     args = p.parse_args()
     if args.render is not None:
-        from bench_report import write_section
-
         results = json.loads(RESULTS.read_text())
         if "curriculum" in results:
             plot_curriculum(results["curriculum"], ROOT / "docs" / "img" / "curriculum.png")
@@ -489,6 +497,7 @@ def main() -> None:
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"
+            key = f"{part} ({args.tag})" if args.tag else key
             section = results.setdefault(key, {"seeds": {}})
             section["seeds"][str(seed)] = row
             section["conditions"] = {
@@ -496,10 +505,7 @@ def main() -> None:
                 "load_average_at_end": os.getloadavg()[0], "omp_threads": os.environ.get("OMP_NUM_THREADS"),
                 "date": time.strftime("%Y-%m-%d"), "args": vars(args),
             }
-            RESULTS.parent.mkdir(parents=True, exist_ok=True)
-            tmp = RESULTS.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(results, indent=1, default=str))
-            os.replace(tmp, RESULTS)
+            write_json(RESULTS, results)
             print(json.dumps({part: row}, default=str)[:600], flush=True)
 
 

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_report import split_passthrough, write_section  # noqa: E402
+from bench_report import split_passthrough, write_json, write_section  # noqa: E402
 
 SECTION = "## Quickstart"
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,8 +131,7 @@ def main() -> None:
         f"{MIN_MEAN_AFTER:.2f}: {'met' if mean_after >= MIN_MEAN_AFTER else 'not met'}).",
     ])
     print("\n" + body)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    write_json(RESULTS, {
         "command": f"python benchmarks/quickstart.py {' '.join(sys.argv[1:])}".strip(), "algorithm": algorithm,
         "env_id": env_id, "cpus": os.cpu_count(), "torch": torch.__version__, "load_average_end": load,
         "mean_after": mean_after, "seeds": [
@@ -141,7 +140,7 @@ def main() -> None:
                                    "failed")} | {"wall_s": r["wall"], "gain": gain_of(r) if "failed" not in r else None,
                                                  "ok": "failed" not in r and meets_target(r)}
             for r in rows],
-    }, indent=1) + "\n")
+    })
     print(f"wrote {RESULTS}")
     if args.write is not None:
         write_section(args.write, SECTION, body)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_report import write_section  # noqa: E402
+from bench_report import write_json, write_section  # noqa: E402
 
 from policies.loading import load_policy  # noqa: E402
 from vla_rl.cli import parse_config  # noqa: E402
@@ -84,8 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = [rescore(r, args.eval_noise) for r in args.runs]
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"rows": rows}, indent=2))
+    write_json(args.results, {"rows": rows}, indent=2)
     print(table(rows))
     if args.write:
         write_section(args.write, SECTION, table(rows))

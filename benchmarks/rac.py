@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import platform
 import sys
@@ -43,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_report import write_section  # noqa: E402
+from bench_report import write_json, write_section  # noqa: E402
 
 from policies.base import ActMode  # noqa: E402
 from sim import make_env  # noqa: E402
@@ -286,10 +285,7 @@ def main() -> None:
                       "times are noisy",
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(summary, indent=2))
-    tmp_out.replace(out)
+    write_json(out, summary, indent=2)
     plot(results, out.parent / "rac_scaling.png")
     print(summary["verdict"])
     if args.write:

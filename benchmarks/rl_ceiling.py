@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import split_passthrough, write_section  # noqa: E402
+from bench_report import split_passthrough, write_json, write_section  # noqa: E402
 from quickstart import run_seed  # noqa: E402
 from rl_ladder import curve, episodes, eval_noise, metric_rows  # noqa: E402
 
@@ -192,10 +192,7 @@ def main() -> None:
     for r in recipes:  # a run past the wall budget counts as missing its target
         by_recipe.setdefault(r["recipe"], []).append(r["final"] if r["rl_wall_s"] <= TARGET_WALL else 0.0)
     meta["recipes_met"] = {k: len(v) >= 3 and targets_met(v) for k, v in by_recipe.items()}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"meta": meta, "results": rows, "recipes": recipes}, indent=1))
-    tmp.replace(RESULTS)
+    write_json(RESULTS, {"meta": meta, "results": rows, "recipes": recipes})
     print(table(rows))
     if recipes:
         print(recipe_table(recipes))

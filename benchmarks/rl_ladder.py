@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_section  # noqa: E402
+from bench_report import write_json, write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rl_ladder.json"
@@ -257,9 +256,7 @@ def main() -> None:
     results_path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
             "load_avg_end": os.getloadavg()[0], "when": time.strftime("%Y-%m-%d %H:%M")}
-    tmp = results_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    tmp.replace(results_path)
+    write_json(results_path, {"meta": meta, "results": results})
     plot(results, results_path.with_suffix(".png") if results_path != RESULTS else PLOT)
     print(table(results))
     if args.write:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_section  # noqa: E402
+from bench_report import write_json, write_section  # noqa: E402
 from rl_ladder import metric_rows  # noqa: E402
 
 SECTION = "## Training the deployed policy (issue 16)"
@@ -113,8 +113,7 @@ def main() -> None:
         rows.append(score(label, Path(path), rescored))
     meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared), no GPU",
             "written": time.strftime("%Y-%m-%d %H:%M")}
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    write_json(args.results, {"meta": meta, "rows": rows}, indent=2)
     body = table(rows)
     print(body)
     if args.write is not None:

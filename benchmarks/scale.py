@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_report import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "mujoco/pick-red"
@@ -128,9 +129,7 @@ def main() -> None:
                        "note": "shared 2-core VM with other jobs running: noisy, read as lower bounds"},
     }
     out = ROOT / "benchmarks" / "results" / "scale.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, out)
+    write_json(out, result, indent=2)
     print(f"wrote {out}")
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -46,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from bench_report import write_section  # noqa: E402
+from bench_report import write_json, write_section  # noqa: E402
 
 SECTION = "## Training throughput"
 RESULTS = ROOT / "benchmarks" / "results" / "throughput.json"
@@ -246,8 +245,7 @@ def main() -> None:
         "repeats": args.repeats, "iterations_per_repeat": args.iterations,
         "env_only_steps_per_s": env_sps, "eval_episodes": args.eval_episodes, "eval_seconds": eval_s, "rows": rows,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
+    write_json(RESULTS, result, indent=2)
     md = render(result)
     print(md)
     if args.write:
