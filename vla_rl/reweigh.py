@@ -16,6 +16,7 @@ iteration and overall, how rewards, returns and advantages moved (:func:`advanta
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def save_reward_trace(rollout: Rollout, path: str | Path, algo: dict[str, Any],
         "step_reward_terms": rollout.step_reward_terms, "values": rollout.values,
         "next_values": rollout.next_values, "terminated": rollout.terminated, "truncated": rollout.truncated,
         "valid": rollout.valid, "group_ids": rollout.group_ids, "env_steps": rollout.env_steps,
-        "episodes": [[e.env, e.task, e.ret, e.length, e.success] for e in rollout.episodes],
+        "episodes": [dataclasses.asdict(e) for e in rollout.episodes],
     }
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
@@ -141,7 +142,8 @@ def load_reward_trace(path: str | Path) -> tuple[Rollout, dict[str, Any], list[t
         reward_terms=data["reward_terms"], terminated=data["terminated"], truncated=data["truncated"],
         next_values=data["next_values"], valid=data["valid"], group_ids=data["group_ids"],
         step_reward_terms=data["step_reward_terms"],
-        episodes=[EpisodeRecord(env=e[0], task=e[1], ret=e[2], length=e[3], success=e[4]) for e in data["episodes"]],
+        # every field of the record; traces of earlier versions stored [env, task, return, length, success]
+        episodes=[EpisodeRecord(**e) if isinstance(e, dict) else EpisodeRecord(*e) for e in data["episodes"]],
         env_steps=data["env_steps"],
     )
     return rollout, data["algo"], [(str(n), float(w)) for n, w in data["weights"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -79,11 +80,12 @@ def test_advantage_shift_on_hand_built_advantages():
 
 def test_trace_round_trip_and_the_reweigh_command(tmp_path, capsys):
     ro = _rollout()
+    ro.episodes[0] = dataclasses.replace(ro.episodes[0], task_index=2, ended_by_reward=True)
     run_dir = tmp_path / "run"
     save_reward_trace(ro, run_dir / TRACE_DIR / "iter_000001.pt", PPO, WEIGHTS)
     back, algo, weights = load_reward_trace(run_dir / TRACE_DIR / "iter_000001.pt")
     assert algo == PPO and weights == WEIGHTS and torch.equal(back.rewards, ro.rewards)
-    assert [e.success for e in back.episodes] == [e.success for e in ro.episodes]
+    assert back.episodes == ro.episodes  # every field, the task index and how it ended included
     result = run(["reward", "reweigh", "--run", str(run_dir), "--terms", "{success: 1.0}"])
     assert result["iterations"][0]["reproduced"] == 1.0
     assert json.loads((run_dir / "reweigh.json").read_text())["new_weights"] == {"success": 1.0}
