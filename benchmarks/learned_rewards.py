@@ -395,10 +395,11 @@ def render(results: dict[str, Any]) -> str:
                 f"classifier would give. {_conditions(sec)}.", "",
                 "| seed | success before [95% CI] | success after [95% CI] | gain | simulator-reward gain | episodes | "
                 "env steps | wall s | >= +0.15 |", "|---:|---|---|---:|---:|---:|---:|---:|---|"]
-        sparse = results.get("prm", {}).get("seeds", {})
+        # a sparse run of the same seed from the same start (any prm section: pre-training is deterministic per seed)
+        sparse = [row for name, part in results.items() if name.split(" (")[0] == "prm" for row in part["seeds"].values()]
         for seed, r in _by_seed(sec):
-            ref = sparse.get(seed)
-            oracle = f"{ref['sparse_final'] - ref['start']:+.3f}" if ref and "start" in ref else "-"
+            ref = next((x for x in sparse if x["seed"] == int(seed) and abs(x["start"] - r["before"]) < 1e-9), None)
+            oracle = f"{ref['sparse_final'] - ref['start']:+.3f}" if ref else "-"
             out.append(f"| {seed} | {r['before']:.3f} {_ci(r['before_ci'])} | {r['after']:.3f} {_ci(r['after_ci'])} | "
                        f"{r['gain']:+.3f} | {oracle} | {r['episodes']} | {r['env_steps']:,} | {r['wall_s']:.0f} | "
                        f"{_yes(r)} |")
