@@ -27,6 +27,13 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   the mean over tasks, with its pooled 95% Wilson interval). Target: curriculum's mean over tasks above
   uniform's. Each run's ``task/<name>/success`` and ``task/<name>/weight`` curves go into the results.
 
+Every RL part of a seed starts from that seed's one pre-trained policy (``<out>/pretrained-s<seed>``: the
+``quickstart_ppo`` preset's demos and 700 imitation steps). Its success differs by seed (0.32 / 0.58 / 0.37 on
+seeds 0-2), and from 0.58 PPO gains little on any reward, the simulator's included (docs/benchmarks.md); so
+``--start_success R`` stops each seed's imitation at the first success check (64 episodes) that reaches R, and
+the parts then measure the reward, not PPO's ceiling. ``--tag TAG`` files a run's rows under ``<part> (TAG)``
+so a variant of the settings does not overwrite the part's own rows.
+
 Run alone for numbers worth recording (``OMP_NUM_THREADS=1``); on a 2-core CPU machine the classifier part
 took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
 
@@ -34,6 +41,8 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts ppo-classifier --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts prm --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
+    python benchmarks/learned_rewards.py --parts classifier ppo-classifier --classifier classifier-v2 \
+        --images_only --policy_episodes 200 --start_success 0.35 --tag "classifier-v2, start 0.35" --out runs/weak
 """
 
 from __future__ import annotations
