@@ -4,9 +4,12 @@ write a results file atomically (a benchmark stopped mid-write leaves the previo
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vla_core.manifest import write_text_atomic  # noqa: E402
 
 HEADER = "# Benchmarks\n\nMeasured on our machine kind: 2 CPU cores, 24 GiB, no GPU (often shared with other jobs).\n"
 
@@ -34,9 +37,7 @@ def write_json(path: Path, data: Any, indent: int = 1) -> None:
 
 def _replace(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, text)
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
