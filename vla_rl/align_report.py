@@ -15,17 +15,13 @@ import torch
 from sim.core import EnvSpec
 from sim.dataset import EpisodeRecorder
 from sim.video import VideoWriter
-from vla_core.manifest import fsync_dir, fsync_file
+from vla_core.manifest import fsync_file, write_text_atomic
 from vla_rl.data.preferences import PreferencePair, Trajectory
 
 
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON at ``path`` atomically (tmp, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=float))
-    fsync_file(tmp)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_text_atomic(path, json.dumps(data, indent=2, default=float))
 
 
 def write_round_dataset(root: Path, trajs: Sequence[Trajectory], spec: EnvSpec, fps: float, round_index: int) -> Path:
@@ -172,7 +168,5 @@ def write_align_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[s
     if videos:
         lines += ["", "## Videos", ""] + [f"- {k}: `{Path(v).relative_to(run_dir)}`" for k, v in videos.items()]
     md = run_dir / "report.md"
-    tmp = md.with_name(".report.md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, md)
+    write_text_atomic(md, "\n".join(lines) + "\n")
     return md
