@@ -157,7 +157,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=Path, nargs="+", required=True, help="flow-camera run folders (with report.json)")
+    ap.add_argument("--runs", type=Path, nargs="*", default=None,
+                    help="flow-camera run folders (with report.json); omitted: keep the ladder rows already in "
+                         "benchmarks/results/rl_ceiling.json")
     ap.add_argument("--continued", type=Path, nargs="*", default=[],
                     help="continuation run folders, matched to --runs by seed")
     ap.add_argument("--preset", default="", help="run this quickstart preset per --seeds (configs/NAME.yaml)")
@@ -177,8 +179,13 @@ def main() -> None:
     for spec in args.recipe:
         label, _, dirs = spec.partition("=")
         recipes += [recipe_run(label, Path(d)) for d in dirs.split(",") if d]
-    rows = [score(r) for r in args.runs]
-    for cont in args.continued:
+    earlier = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    # recipe rows of earlier runs stay beside the new ones (a recipe and seed measured again replaces its row), so
+    # one table compares every recipe measured, whichever run folders this machine still has
+    fresh = {(r["recipe"], r["seed"]) for r in recipes}
+    recipes = [r for r in earlier.get("recipes", []) if (r["recipe"], r["seed"]) not in fresh] + recipes
+    rows = [score(r) for r in args.runs] if args.runs is not None else list(earlier.get("results", []))
+    for cont in args.continued if args.runs is not None else []:
         seed = json.loads((cont / "report.json").read_text())["seed"] if (cont / "report.json").exists() else None
         i = next(i for i, r in enumerate(rows) if r["seed"] == seed)
         rows.append(extend(rows[i], cont))

@@ -16,10 +16,13 @@ Standard library only: every layer may use it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +224,26 @@ def check_safetensors(path: str | Path) -> None:
     if size != expected:
         raise IntegrityError(f"{path} has {size} bytes, its safetensors header says {expected}"
                              f"{': truncated' if size < expected else ''}")
+
+
+@contextlib.contextmanager
+def exclusive(folder: str | Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<folder>.lock`` (created beside ``folder``) while the block runs.
+
+    Two processes that may both write the same folder (two runs sharing a demo cache) check and write it inside
+    this block: the second waits, printing that it does, and then finds the folder the first sealed instead of
+    moving the first one's unfinished recording aside. The lock is released when the block ends or the process
+    dies (``flock``); the empty lock file stays.
+    """
+    lock = Path(folder).with_name(Path(folder).name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"note: another process is writing {what} {folder}; waiting for it to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -196,3 +196,48 @@ def test_the_quickstart_reuses_a_verified_stage_and_redoes_a_damaged_one(sealed:
     assert out.startswith(f"note: demo cache {root} does not verify (") and "moved aside to demos.damaged-1" in out
     assert not root.exists() and (tmp_path / "demos.damaged-1").is_dir()  # kept, not deleted
     assert _reusable(tmp_path / "absent", "demo cache", _verify_demos) is False
+
+
+def _hold_then_write(folder: str, hold_s: float, order: str) -> None:
+    """Child process: inside the lock, wait, then append its name to ``order`` (one line per writer)."""
+    import os
+    import time
+
+    from vla_core.manifest import exclusive
+
+    with exclusive(folder, "a test folder"):
+        time.sleep(hold_s)
+        with open(order, "a") as f:
+            f.write(f"{os.getpid()} start\n")
+            f.flush()
+            time.sleep(0.05)
+            f.write(f"{os.getpid()} end\n")
+
+
+def test_two_processes_writing_one_cache_folder_take_turns(tmp_path: Path) -> None:
+    """The demo cache's lock: a second writer waits for the first instead of interleaving with it (two quickstarts
+    of one seed started together used to move each other's unfinished recording aside)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    order = tmp_path / "order.txt"
+    first = ctx.Process(target=_hold_then_write, args=(str(tmp_path / "demos"), 1.0, str(order)))
+    first.start()
+    deadline = 30.0
+    lock = tmp_path / "demos.lock"
+    import time
+
+    t0 = time.monotonic()
+    while not lock.exists() and time.monotonic() - t0 < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # the first holds the lock now
+    second = ctx.Process(target=_hold_then_write, args=(str(tmp_path / "demos"), 0.0, str(order)))
+    second.start()
+    first.join(deadline)
+    second.join(deadline)
+    assert first.exitcode == 0 and second.exitcode == 0
+    lines = order.read_text().split()
+    words = [w for w in lines if w in ("start", "end")]
+    assert words == ["start", "end", "start", "end"], order.read_text()
+    pids = [w for w in lines if w not in ("start", "end")]
+    assert pids[0] == pids[1] == str(first.pid) and pids[2] == pids[3] == str(second.pid)

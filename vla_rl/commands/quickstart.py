@@ -31,7 +31,7 @@ import torch
 from policies.flow.sampler import InitialNoise, SamplerConfig, SamplerKind, SdeMode
 from policies.io import CheckpointError, verify_policy_folder
 from sim.dataset import verify_dataset
-from vla_core.manifest import IntegrityError, move_aside
+from vla_core.manifest import IntegrityError, exclusive, move_aside
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.filtered_bc import FilteredBCConfig
 from vla_rl.commands import COMMANDS
@@ -198,13 +198,14 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     # 1. demos (cached across runs)
     t = time.perf_counter()
     demo_root = _demo_root(cfg)
-    if not _reusable(demo_root, "demo cache", _verify_demos):
-        print(f"[1/4] collecting {cfg.demos} expert demos -> {demo_root}")
-        with cfg.env.make(num_envs=_demo_envs(cfg), seed=_demo_seed(cfg)) as env:
-            collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos",
-                          action_noise=cfg.resolved_demo_noise, seed=cfg.seed)
-    else:
-        print(f"[1/4] reusing cached demos {demo_root}")
+    with exclusive(demo_root, "the demo cache"):  # two runs of one seed at once: the second reuses the first's
+        if not _reusable(demo_root, "demo cache", _verify_demos):
+            print(f"[1/4] collecting {cfg.demos} expert demos -> {demo_root}")
+            with cfg.env.make(num_envs=_demo_envs(cfg), seed=_demo_seed(cfg)) as env:
+                collect_demos(env, demo_root, cfg.demos, "local/vla-rl-quickstart-demos",
+                              action_noise=cfg.resolved_demo_noise, seed=cfg.seed)
+        else:
+            print(f"[1/4] reusing cached demos {demo_root}")
     stages["demos"] = time.perf_counter() - t
 
     # 2. few-shot imitation pre-training (skipped when the run already has it)
