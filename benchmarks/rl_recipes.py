@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import write_json, write_section  # noqa: E402
-from rl_ladder import metric_rows  # noqa: E402
+from rl_ladder import curve, metric_rows  # noqa: E402
 
 SECTION = "## Training the deployed policy (issue 16)"
 RESULTS = Path(__file__).resolve().parent / "results" / "rl_recipes.json"
@@ -69,6 +69,11 @@ def score(label: str, run: Path, rescored: dict[str, dict[str, Any]]) -> dict[st
         after = json.loads((run / "eval_after.json").read_text())
         out.update(start=before["success_rate"], final=after["success_rate"],
                    final_ci=[after["ci_low"], after["ci_high"]], episodes=after["episodes"], scored="run's own evals")
+    elif len(points := curve(rows)) >= 2:  # stopped early after evaluating on the way: its last evaluation
+        out.update(start=points[0]["success"], final=points[-1]["success"],
+                   final_ci=[points[-1]["lo"], points[-1]["hi"]], episodes=report.get("episodes_per_eval"),
+                   scored=f"stopped early; last evaluation at {points[-1]['env_steps']:,} env steps",
+                   curve=points)
     else:
         out.update(start=None, final=None, final_ci=None, episodes=0, scored="stopped early")
     return out
@@ -84,6 +89,8 @@ def table(rows: list[dict[str, Any]]) -> str:
              "|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         ci = f" [{r['final_ci'][0]:.2f}-{r['final_ci'][1]:.2f}]" if r["final_ci"] else " (stopped)"
+        if r["final_ci"] and r["scored"].startswith("stopped early"):
+            ci += f" at {r['env_steps'] if not r.get('curve') else r['curve'][-1]['env_steps']:,}"
         gain = _f(r["final"] - r["start"], "+.3f") if r["final"] is not None else "-"
         lines.append(
             f"| {r['label']} | {r['seed']} | {_f(r['start'])} | {_f(r['final'])}{ci} | {gain} | {r['iterations']} | "
@@ -111,6 +118,11 @@ def main() -> None:
         if not sep:
             raise SystemExit(f"--run expects LABEL=RUN_DIR, got {item!r}")
         rows.append(score(label, Path(path), rescored))
+    # rows of earlier runs stay (a label and seed measured again replaces its row): the run folders behind them
+    # need not be on this machine any more, and one table compares every recipe measured
+    fresh = {(r["label"], r["seed"]) for r in rows}
+    earlier = json.loads(args.results.read_text())["rows"] if args.results.exists() else []
+    rows = [r for r in earlier if (r["label"], r["seed"]) not in fresh] + rows
     meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared), no GPU",
             "written": time.strftime("%Y-%m-%d %H:%M")}
     write_json(args.results, {"meta": meta, "rows": rows}, indent=2)
@@ -120,7 +132,8 @@ def main() -> None:
         intro = ("`python benchmarks/rl_recipes.py --run LABEL=RUN_DIR ... --write docs/benchmarks.md` (numbers in "
                  f"`benchmarks/results/{args.results.name}`). Same pre-trained policy per seed (the session-7 quickstart "
                  "runs' `sft_policy/`), 200 iterations of 32 envs x 6 decisions, 400 held-out episodes scored from zero "
-                 f"noise. {meta['machine']}; 2-3 runs shared the CPUs, so wall times are contended.\n\n")
+                 f"noise. {meta['machine']}; 2-3 runs shared the CPUs, so wall times are contended. A run stopped "
+                 "early after evaluating on the way shows its last evaluation and when it was.\n\n")
         notes = args.notes.read_text() if args.notes is not None else ""
         write_section(args.write, SECTION, intro + body + "\n" + ("\n" + notes if notes else ""))
         print(f"wrote {args.write}")
