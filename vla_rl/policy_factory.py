@@ -67,6 +67,7 @@ def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
 
     options = policy_options(policy)
     if policy.path:
+        check_checkpoint_options(policy.path, policy_type(policy), options)
         # the sampler applies to a checkpoint that has one (not to, e.g., a gaussian-mlp one loaded without
         # --policy.type, whose options are then the default flow policy's)
         has_sampler = "sampler" in checkpoint_config(policy.path)
@@ -74,6 +75,40 @@ def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
         note_sampler_change(policy.path, overrides.get("sampler"))
         return load_policy(policy.path, **overrides)
     return build_policy_from_fields(policy_type(policy), options, spec_fields(spec), smoke=smoke)
+
+
+def check_checkpoint_options(path: str, name: str, options: dict[str, Any]) -> None:
+    """Refuse policy fields set for a run that loads ``path``, which loading would silently ignore.
+
+    A checkpoint loads as it was saved: only ``policy.sampler`` applies to it. A field of the ``name`` type's config
+    (other than ``sampler`` and the sizes taken from the env) whose value here is neither the type's default (so it
+    was set by the command line or a preset) nor the checkpoint's saved value would be dropped without a word (for
+    example ``--policy.value_placement state`` with ``--policy.path``); that is an error naming each such field.
+
+    Raises:
+        ConfigError: naming the fields, both values and what to do instead.
+    """
+    from vla_rl.config import ConfigError
+
+    entry = POLICIES.get(name)
+    saved = checkpoint_config(path)
+    if saved.get("type", name) != name:
+        return  # another type's checkpoint (loaded by its own type): this type's defaults were never the user's
+    default = _plain(entry.config())
+    ours = _plain(entry.config(**options)) if options else default
+    sized = {"action_dim", "state_dim", "env_state_dim", "cameras", "image_size", "sampler"}
+    ignored = [f"--policy.{k} {ours[k]!r} (checkpoint: {saved[k]!r})" for k in ours
+               if k not in sized and k in saved and ours[k] != default.get(k) and ours[k] != saved[k]]
+    if ignored:
+        raise ConfigError(
+            f"policy.path {path}: a checkpoint loads as it was saved (only policy.sampler applies), so "
+            f"{', '.join(ignored)} would be ignored; drop the option, or build a policy with it and load the "
+            "checkpoint's weights into it by hand")
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """A policy config as checkpoints save it (JSON values: enums as values, tuples as lists)."""
+    return json.loads(json.dumps(draccus.encode(config)))
 
 
 def note_sampler_change(path: str, sampler: Any) -> None:

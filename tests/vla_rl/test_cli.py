@@ -237,3 +237,24 @@ def test_help_lists_the_fields_with_the_commands_own_defaults(command, capsys):
     assert out.startswith(f"usage: vla-rl {command}") and "--env.num_envs" in out
     if command == "quickstart":
         assert "Envs stepped together. (default: 32)" in out and "10%)" in out
+
+
+def test_policy_fields_a_checkpoint_would_ignore_are_refused_by_name(tmp_path):
+    """``--policy.path X --policy.value_placement state`` used to load X with its own critic and say nothing; a
+    field that loading ignores is now an error naming it and both values, while the sampler (which does apply),
+    values equal to the checkpoint's and the type's defaults still load."""
+    from policies.compact.policy import build_compact_policy
+    from vla_rl.config import ConfigError
+    from vla_rl.policy_factory import build_policy
+    from vla_rl.train_config import TrainConfig
+
+    build_compact_policy(text_encoder="hashed", chunk_size=4, state_dim=11, action_dim=4).save_pretrained(tmp_path)
+    path = ["--policy.path", str(tmp_path)]
+    with pytest.raises(ConfigError, match=r"--policy.value_placement 'state' \(checkpoint: 'expert'\)"):
+        build_policy(parse_config(TrainConfig, [*path, "--policy.value_placement", "state"]).policy, None)
+    with pytest.raises(ConfigError, match="policy.width 64 .checkpoint: 128"):
+        build_policy(parse_config(TrainConfig, [*path, "--policy.width", "64"]).policy, None)
+    for ok in ([], ["--policy.chunk_size", "4", "--policy.text_encoder", "hashed"], ["--policy.sampler.num_steps", "6"]):
+        policy = build_policy(parse_config(TrainConfig, [*path, *ok]).policy, None)
+        assert policy.config.chunk_size == 4 and policy.config.value_placement.value == "expert"
+    assert policy.sampler.num_steps == 6
