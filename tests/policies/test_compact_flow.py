@@ -348,3 +348,37 @@ def test_flow_matching_loss_hand_computed() -> None:
     masked.backward()
     torch.testing.assert_close(padded.grad, torch.tensor([[[1.0, 0.0], [0.0, 0.0]]], dtype=f64))
 
+
+
+def test_image_encoder_runs_channels_first_and_matches_the_channels_last_layout() -> None:
+    """Camera images arrive ``[B, H, W, 3]``; their permuted view is channels-last, which the convs keep and on which
+    GroupNorm's CPU kernels are about 10x slower (an update step 26% slower in all). The encoder makes the maps
+    channels-first before the first conv; its tokens and gradients equal those of the channels-last layout."""
+    from policies.compact.modules import ImageEncoder
+
+    torch.manual_seed(0)
+    enc = ImageEncoder((16, 32, 64), grid=4, width=32, keypoints=4, film_dim=8)
+    for film in enc.film:  # away from identity, so the FiLM path counts too
+        torch.nn.init.normal_(film.weight, std=0.1)
+    images = torch.randint(0, 256, (3, 32, 32, 3), dtype=torch.uint8)
+    cond = torch.randn(3, 8)
+    layouts = []
+    enc.blocks[0].register_forward_hook(lambda m, i, o: layouts.append(i[0].is_contiguous()))
+    ours = enc(images, cond)
+    assert layouts == [True]  # channels-first in memory when the first conv runs
+    grads_ours = torch.autograd.grad(ours.square().sum(), list(enc.parameters()))
+
+    features = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0  # the channels-last view, as before
+    assert not features.is_contiguous()
+    for i, block in enumerate(enc.blocks):
+        features = block(features)
+        gamma, beta = enc.film[i](cond)[:, :, None, None].chunk(2, dim=1)
+        features = torch.nn.functional.silu(features * (1.0 + gamma) + beta)
+    tokens = enc.proj(enc.pool(features).flatten(2).transpose(1, 2)) + enc.pos
+    from policies.compact.modules import spatial_softmax
+
+    theirs = torch.cat([tokens, enc.kp_proj(spatial_softmax(enc.kp_maps(features))) + enc.kp_embed], dim=1)
+    grads_theirs = torch.autograd.grad(theirs.square().sum(), list(enc.parameters()))
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads_ours, grads_theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # float summation order differs
