@@ -165,6 +165,7 @@ def main() -> None:
     ap.add_argument("--preset", default="", help="run this quickstart preset per --seeds (configs/NAME.yaml)")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "ceiling", help="run folders of --preset")
+    ap.add_argument("--label", default="", help="the recipe's name in the tables (default: the preset's)")
     ap.add_argument("--recipe", nargs="*", default=[], help="LABEL=DIR,DIR,...: finished runs of a recipe")
     ap.add_argument("--write", type=Path, default=None)
     ap.add_argument("--notes", type=Path, default=None, help="markdown appended under the tables (the reading)")
@@ -175,7 +176,7 @@ def main() -> None:
         ran = run_seed(seed, args.out / args.preset, ["--preset", args.preset, *extra])
         if "failed" in ran:
             raise SystemExit(f"rl_ceiling: the {args.preset} run of seed {seed} failed ({ran['failed']})")
-        recipes.append(recipe_run(args.preset, args.out / args.preset / f"seed{seed}", ran["wall"]))
+        recipes.append(recipe_run(args.label or args.preset, args.out / args.preset / f"seed{seed}", ran["wall"]))
     for spec in args.recipe:
         label, _, dirs = spec.partition("=")
         recipes += [recipe_run(label, Path(d)) for d in dirs.split(",") if d]
