@@ -67,13 +67,14 @@ def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
 
     options = policy_options(policy)
     if policy.path:
-        check_checkpoint_options(policy.path, policy_type(policy), options)
         # the sampler applies to a checkpoint that has one (not to, e.g., a gaussian-mlp one loaded without
         # --policy.type, whose options are then the default flow policy's)
         has_sampler = "sampler" in checkpoint_config(policy.path)
         overrides = {"sampler": options["sampler"]} if "sampler" in options and has_sampler else {}
         note_sampler_change(policy.path, overrides.get("sampler"))
-        return load_policy(policy.path, **overrides)
+        loaded = load_policy(policy.path, **overrides)  # a damaged or missing checkpoint is reported first
+        check_checkpoint_options(policy.path, policy_type(policy), options)
+        return loaded
     return build_policy_from_fields(policy_type(policy), options, spec_fields(spec), smoke=smoke)
 
 
