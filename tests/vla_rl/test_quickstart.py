@@ -201,4 +201,6 @@ def test_quickstart_on_maniskill(tmp_path):
                      "--logging.wandb", "false"])
     assert report["env_id"] == "maniskill/PickCube-v1" and report["episodes_per_eval"] == 4
     assert report["config"]["env"]["num_workers"] == 2 and report["config"]["env"]["num_envs"] == 4
-    assert [p.name for p in (tmp_path / "demos").iterdir()] == ["maniskill-PickCube-v1-rgb0-n4-noise0.1-s0"]
+    # the dataset, and the lock two runs of one seed take turns on (vla_core.manifest.exclusive)
+    assert sorted(p.name for p in (tmp_path / "demos").iterdir()) == [
+        "maniskill-PickCube-v1-rgb0-n4-noise0.1-s0", "maniskill-PickCube-v1-rgb0-n4-noise0.1-s0.lock"]
