@@ -90,7 +90,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         ci = f" [{r['final_ci'][0]:.2f}-{r['final_ci'][1]:.2f}]" if r["final_ci"] else " (stopped)"
         if r["final_ci"] and r["scored"].startswith("stopped early"):
-            ci += f" at {r['env_steps'] if not r.get('curve') else r['curve'][-1]['env_steps']:,}"
+            ci += f" at {r['curve'][-1]['env_steps']:,}"
         gain = _f(r["final"] - r["start"], "+.3f") if r["final"] is not None else "-"
         lines.append(
             f"| {r['label']} | {r['seed']} | {_f(r['start'])} | {_f(r['final'])}{ci} | {gain} | {r['iterations']} | "

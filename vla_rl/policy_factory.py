@@ -69,22 +69,23 @@ def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
     if policy.path:
         # the sampler applies to a checkpoint that has one (not to, e.g., a gaussian-mlp one loaded without
         # --policy.type, whose options are then the default flow policy's)
-        has_sampler = "sampler" in checkpoint_config(policy.path)
-        overrides = {"sampler": options["sampler"]} if "sampler" in options and has_sampler else {}
+        saved = checkpoint_config(policy.path)
+        overrides = {"sampler": options["sampler"]} if "sampler" in options and "sampler" in saved else {}
         note_sampler_change(policy.path, overrides.get("sampler"))
         loaded = load_policy(policy.path, **overrides)  # a damaged or missing checkpoint is reported first
-        check_checkpoint_options(policy.path, policy_type(policy), options)
+        check_checkpoint_options(policy.path, policy_type(policy), options, saved)
         return loaded
     return build_policy_from_fields(policy_type(policy), options, spec_fields(spec), smoke=smoke)
 
 
-def check_checkpoint_options(path: str, name: str, options: dict[str, Any]) -> None:
+def check_checkpoint_options(path: str, name: str, options: dict[str, Any], saved: dict[str, Any]) -> None:
     """Refuse policy fields set for a run that loads ``path``, which loading would silently ignore.
 
     A checkpoint loads as it was saved: only ``policy.sampler`` applies to it. A field of the ``name`` type's config
     (other than ``sampler`` and the sizes taken from the env) whose value here is neither the type's default (so it
     was set by the command line or a preset) nor the checkpoint's saved value would be dropped without a word (for
     example ``--policy.value_placement state`` with ``--policy.path``); that is an error naming each such field.
+    ``saved`` is the checkpoint's ``config.json`` (:func:`policies.io.checkpoint_config`).
 
     Raises:
         ConfigError: naming the fields, both values and what to do instead.
@@ -92,7 +93,6 @@ def check_checkpoint_options(path: str, name: str, options: dict[str, Any]) -> N
     from vla_rl.config import ConfigError
 
     entry = POLICIES.get(name)
-    saved = checkpoint_config(path)
     if saved.get("type", name) != name:
         return  # another type's checkpoint (loaded by its own type): this type's defaults were never the user's
     default = _plain(entry.config())
@@ -108,7 +108,7 @@ def check_checkpoint_options(path: str, name: str, options: dict[str, Any]) -> N
 
 
 def _plain(config: Any) -> dict[str, Any]:
-    """A policy config as checkpoints save it (JSON values: enums as values, tuples as lists)."""
+    """A (policy or sampler) config as checkpoints save it (JSON values: enums as values, tuples as lists)."""
     return json.loads(json.dumps(draccus.encode(config)))
 
 
@@ -121,7 +121,7 @@ def note_sampler_change(path: str, sampler: Any) -> None:
     if sampler is None:
         return
     saved = checkpoint_config(path).get("sampler")
-    mine = json.loads(json.dumps(draccus.encode(sampler)))  # encoded as checkpoints save their config
+    mine = _plain(sampler)
     if not isinstance(saved, dict):
         return
     # fields the checkpoint predates are not a change (a sampler field added since it was saved)

@@ -352,7 +352,7 @@ def test_flow_matching_loss_hand_computed() -> None:
 
 def test_image_encoder_runs_channels_first_and_matches_the_channels_last_layout() -> None:
     """Camera images arrive ``[B, H, W, 3]``; their permuted view is channels-last, which the convs keep and on which
-    GroupNorm's CPU kernels are about 10x slower (an update step 26% slower in all). The encoder makes the maps
+    GroupNorm's CPU kernels are about 10x slower (a PPO update step about 12% slower in all). The encoder makes the maps
     channels-first before the first conv; its tokens and gradients equal those of the channels-last layout."""
     from policies.compact.modules import ImageEncoder
 
