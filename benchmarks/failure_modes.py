@@ -16,6 +16,10 @@ failed episode is then
 - ``grasp``: it reached the target and failed to close on it (furthest stage ``reach``);
 - ``lift``: it grasped and did not lift it high enough, or dropped it.
 
+Each episode is also split by its layout: whether the target was the cube nearest the gripper (in the table's
+plane) in the episode's first observation. A policy that reads the instruction weakly goes for the nearest cube, so its
+success is high when the nearest cube is the target and low when it is not (columns ``nearest`` / ``not``).
+
 Numbers: ``benchmarks/results/failure_modes.json`` (``--append`` keeps the rows of other labels there); ``--write`` replaces ``## Failure modes`` of a markdown file.
 """
 
@@ -42,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from policies.base import ActMode  # noqa: E402
 from policies.loading import load_policy  # noqa: E402
+from sim.mujoco_tasks.privileged import observed_state  # noqa: E402
 from vla_rl.config import EnvConfig  # noqa: E402
 from vla_rl.evaluation import wilson_interval  # noqa: E402
 
@@ -61,19 +66,29 @@ def classify(ep: dict[str, Any]) -> str:
     return "grasp" if ep["stage"] == 1 else "lift"
 
 
+def target_nearest(state: torch.Tensor, env_state: torch.Tensor) -> bool:
+    """Whether the task's cube is the cube nearest the pinch point in the table's plane (tabletop observations)."""
+    task, snapshot, _ = observed_state(state.numpy(), env_state.numpy())
+    d = np.linalg.norm(snapshot.cubes[:, :2] - snapshot.pinch[None, :2], axis=-1)
+    return bool(d[task.cube] <= d.min())
+
+
 def play(policy_dir: str, episodes: int, seed: int, num_envs: int, num_steps: int) -> list[dict[str, Any]]:
     """``episodes`` held-out episodes of the policy's deterministic action, each summarized from the signals."""
     policy = load_policy(policy_dir).eval()
     if num_steps:
         policy.configure_sampler(dataclasses.replace(policy.sampler, num_steps=num_steps))
     env_cfg = EnvConfig(id="mujoco/pick-any", num_envs=num_envs, obs_mode="rgb", wrist_camera=True)
-    fresh = {"stage": 0, "target_min": np.inf, "other_min": np.inf, "first": None}
+    fresh = {"stage": 0, "target_min": np.inf, "other_min": np.inf, "first": None, "nearest": None}
     cur = [dict(fresh) for _ in range(num_envs)]
     done: list[dict[str, Any]] = []
     torch.manual_seed(seed)
     with env_cfg.make(num_envs=num_envs, seed=seed) as env:
         obs = env.reset(seed=seed)
         while len(done) < episodes:
+            for i in range(num_envs):  # the layout of each episode's first observation (privileged, never acted on)
+                if cur[i]["nearest"] is None:
+                    cur[i]["nearest"] = target_nearest(obs["observation.state"][i], obs["observation.env_state"][i])
             with torch.no_grad():
                 chunk = policy.act(obs, ActMode.EVAL).actions
             out = env.step_chunk(chunk)
@@ -106,20 +121,31 @@ def summarize(label: str, policy_dir: str, eps: list[dict[str, Any]], wall: floa
     counts = collections.Counter(classify(e) for e in fails)
     wins = sum(e["success"] for e in eps)
     lo, hi = wilson_interval(wins, len(eps))
-    return {"label": label, "policy": policy_dir, "episodes": len(eps), "success": wins / len(eps),
+    split = {}
+    for name, flag in (("nearest", True), ("not", False)):
+        part = [e for e in eps if e["nearest"] is flag]
+        split[name] = {"episodes": len(part), "success": sum(e["success"] for e in part) / max(1, len(part))}
+    return {"layout": split, "label": label, "policy": policy_dir, "episodes": len(eps), "success": wins / len(eps),
             "ci": [lo, hi], "failures": len(fails), "classes": {c: counts.get(c, 0) for c in CLASSES},
             "wrong_cube_share": counts.get("wrong cube", 0) / max(1, len(fails)), "wall_s": wall,
             "stalled_target_min_m": sorted(round(e["target_min"], 3) for e in fails if classify(e) == "stalled")}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| policy | episodes | success [95% CI] | failures | " + " | ".join(CLASSES) + " | wrong cube share |",
-             "|---|---:|---|---:|" + "---:|" * len(CLASSES) + "---:|"]
+    lines = ["| policy | episodes | success [95% CI] | failures | " + " | ".join(CLASSES)
+             + " | wrong cube share | success, target nearest | success, target not nearest |",
+             "|---|---:|---|---:|" + "---:|" * len(CLASSES) + "---:|---:|---:|"]
     for r in rows:
         lo, hi = r["ci"]
         lines.append(f"| {r['label']} | {r['episodes']} | {r['success']:.3f} [{lo:.2f}-{hi:.2f}] | {r['failures']} | "
-                     + " | ".join(str(r["classes"][c]) for c in CLASSES) + f" | {r['wrong_cube_share']:.2f} |")
+                     + " | ".join(str(r["classes"][c]) for c in CLASSES) + f" | {r['wrong_cube_share']:.2f} | "
+                     + " | ".join(_split(r, k) for k in ("nearest", "not")) + " |")
     return "\n".join(lines)
+
+
+def _split(row: dict[str, Any], key: str) -> str:
+    part = row.get("layout", {}).get(key)  # rows written before the split have none
+    return f"{part['success']:.3f} ({part['episodes']})" if part else "-"
 
 
 def main() -> None:

@@ -72,6 +72,8 @@ class EnvSpec:
         cameras: camera names, in the order of their image keys.
         tasks: a multi-task env's task names, indexed by the ``task_index`` observation
             (:mod:`sim.tasks`); empty for a single-task env.
+        instructions: per task of ``tasks``, its language instruction (empty where the env does not say; hindsight
+            relabeling, ``filtered_bc``'s ``hindsight``, needs them).
         init_states: per task of ``tasks``, how many fixed init states it has (LIBERO: 50), the range
             an :class:`sim.tasks.Assignment`'s ``init`` may name; empty where episodes start from seeds.
     """
@@ -83,6 +85,7 @@ class EnvSpec:
     control_freq: float
     cameras: tuple[str, ...] = field(default=())
     tasks: tuple[str, ...] = field(default=())
+    instructions: tuple[str, ...] = field(default=())
     init_states: tuple[int, ...] = field(default=())
 
     @property

@@ -33,6 +33,10 @@ signal                     meaning
 ``joint_limit_margin``     min over the arm joints of the distance to the nearer limit over the
                            joint's range (0 at a limit, 0.5 centred)
 ``grasped``                1 while both fingers touch the target cube
+``achieved_task``          multi-task envs: 1 + the index into ``EnvSpec.tasks`` of another task of the
+                           env's set whose success predicate holds now (the first such), else 0 (so
+                           held steps, reported as 0, read as none): what the episode did instead of
+                           its instruction, for hindsight relabeling
 =========================  ==================================================================
 """
 
@@ -86,6 +90,7 @@ SIGNALS: tuple[str, ...] = (
     "stage_progress", "stage_count", *(f"stage_{n}" for n in STAGE_NAMES), "collision", "collision_force",
     "table_force", "ee_x", "ee_y", "ee_z", "ee_step", "target_x", "target_y", "target_z", "obstacle_count",
     *(f"obstacle{k}_{a}" for k in range(MAX_OBSTACLES) for a in "xyz"), "joint_limit_margin", "grasped",
+    "achieved_task",
 )
 
 
@@ -183,7 +188,9 @@ class TabletopEnv(SingleEnv):
             control_freq=cfg.control_freq,
             cameras=self.cameras,
             tasks=tuple(t.name for t in self._choices) if multi else (),
+            instructions=tuple(t.instruction for t in self._choices) if multi else (),
         )
+        self._multi = multi
         self._renderer: mujoco.Renderer | None = None
         self._scene_option = mujoco.MjvOption()
         for flag, value in RENDER_FLAGS:
@@ -327,7 +334,19 @@ class TabletopEnv(SingleEnv):
             out.update(zip((f"obstacle{k}_x", f"obstacle{k}_y", f"obstacle{k}_z"), map(float, xyz)))
         out["joint_limit_margin"] = float(np.clip(margin.min(), 0.0, 0.5))
         out["grasped"] = float(s.grasped[task.cube])
+        out["achieved_task"] = float(self.achieved_task() + 1)
         return out
+
+    def achieved_task(self) -> int:
+        """Index into ``spec.tasks`` of the first other task of a multi-task env's set whose success predicate
+        holds in the current state; -1 for none or a single-task env."""
+        assert self._state is not None
+        if not self._multi:
+            return -1
+        for i, other in enumerate(self._choices):
+            if other is not self.task and is_success(other, self._state):
+                return i
+        return -1
 
     def expert_action(self) -> np.ndarray:
         """The scripted expert's next action ``float32 [4]`` (see :mod:`sim.mujoco_tasks.expert`)."""

@@ -418,3 +418,30 @@ def test_the_contact_scans_match_a_plain_numpy_scan_at_every_step(task):
             if out.terminated or out.truncated:
                 break
     assert seen_grasp > 0  # the comparison covered grasps, not only empty contact sets
+
+
+def test_achieved_task_names_the_other_task_an_episode_accomplished():
+    """Hindsight relabeling reads ``achieved_task``: told to pick the blue cube, holding the red one up is
+    ``pick-red`` of the env's task set (1 + its index), holding the blue one is the episode's own success (0), and a
+    single-task env never reports one."""
+    env = TabletopEnv(TabletopConfig(env_id="mujoco/pick-any", task="multi", obs_mode="state",
+                                     multi_tasks=("pick-red", "pick-green", "pick-blue")))
+    for seed in range(3, 40):
+        obs, text = env.reset(seed)
+        if env.task.name == "pick-blue":
+            break
+    assert env.task.name == "pick-blue" and env.spec.instructions[env.spec.tasks.index("pick-blue")] == text
+    env.evaluate()
+    assert env.signals()["achieved_task"] == 0.0  # nothing lifted yet
+    pinch = env.read_state().pinch
+    _teleport(env, RED, pinch)
+    assert env.evaluate()[1] is False
+    assert env.signals()["achieved_task"] == 1 + env.spec.tasks.index("pick-red")
+    _teleport(env, RED, [0.45, -0.15, CUBE_HALF])
+    _teleport(env, BLUE, pinch)
+    assert env.evaluate()[1] is True and env.signals()["achieved_task"] == 0.0
+    single = _env("pick-red")
+    single.reset(0)
+    _teleport(single, GREEN, single.read_state().pinch)
+    single.evaluate()
+    assert single.signals()["achieved_task"] == 0.0 and single.spec.instructions == ()

@@ -51,3 +51,41 @@ class CounterEnv(SingleEnv):
 
     def expert_action(self):
         return np.array([1.0], dtype=np.float32)
+
+
+class TwoGoalEnv(SingleEnv):
+    """A two-task bandit: ``go right`` succeeds when position + action >= 0.5, ``go left`` when <= -0.5, one step
+    per episode; the task is drawn at reset. Reports ``achieved_task`` (1 + the index of the other task when the
+    step accomplished it, else 0) as the tabletop's multi-task envs do."""
+
+    TASKS = ("left", "right")
+    INSTRUCTIONS = ("go left", "go right")
+
+    def __init__(self) -> None:
+        self.spec = EnvSpec(
+            env_id="toy/two-goal", observation={OBS_STATE: TensorSpec((2,), torch.float32)},
+            action=TensorSpec((1,), torch.float32, -1.0, 1.0), max_episode_steps=1, control_freq=10.0,
+            tasks=self.TASKS, instructions=self.INSTRUCTIONS,
+        )
+        self.rng = np.random.default_rng(0)
+        self.pos, self.task = 0.0, 0
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {OBS_STATE: np.array([self.pos, 2 * self.task - 1], dtype=np.float32)}
+
+    def reset(self, seed):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.pos, self.task = float(self.rng.uniform(-0.1, 0.1)), int(self.rng.integers(0, 2))
+        return self._obs(), self.INSTRUCTIONS[self.task]
+
+    def step(self, action):
+        self.pos += float(action[0])
+        reached = [self.pos <= -0.5, self.pos >= 0.5]
+        success = reached[self.task]
+        other = 1 - self.task
+        signals = {"achieved_task": float(other + 1) if reached[other] else 0.0}
+        return StepOut(self._obs(), float(success), success, True, success, {"success": float(success)}, signals)
+
+    def expert_action(self):
+        return np.array([1.0 if self.task else -1.0], dtype=np.float32)

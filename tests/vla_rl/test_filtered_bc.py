@@ -172,3 +172,38 @@ def test_an_overlapped_collection_acts_with_the_weights_from_before_the_steps_it
     stats = learner.update(rollout)  # synced: this iteration's own 3 steps run now
     assert learner.updater.steps == 6 and stats["update/steps"] == 6 and stats["update/overlapped_s"] > 0
     assert not learner._deferred and "act_generator" in learner.state_dict()
+
+
+def test_hindsight_relabels_failed_episodes_with_the_task_they_accomplished() -> None:
+    """On the two-goal bandit a wide Gaussian policy often goes the wrong way far enough to accomplish the other
+    task. Without relabeling those episodes are dropped; with it they are kept under the other instruction, so
+    every kept row's instruction agrees with where its action went, and a learner asks the env for instructions."""
+    from tests.sim.toy_env import TwoGoalEnv
+
+    def collect(relabel):
+        torch.manual_seed(0)
+        env = SerialVecEnv([TwoGoalEnv for _ in range(32)], "toy/two-goal")
+        engine = RolloutEngine(env, GaussianPolicy(2, 1, horizon=1, init_mean=0.0))
+        engine.reset(seed=0)
+        buffer = SuccessBuffer(capacity=1000, relabel=relabel)
+        buffer.add_rollout(engine.collect(4, ActMode.EXPLORE))
+        return buffer
+
+    plain, hindsight = collect(None), collect(TwoGoalEnv.INSTRUCTIONS)
+    assert plain.episodes_relabeled == 0 and hindsight.episodes_relabeled > 5
+    assert hindsight.episodes_kept == plain.episodes_kept + hindsight.episodes_relabeled
+    assert hindsight.episodes_dropped == plain.episodes_dropped - hindsight.episodes_relabeled
+    rows = hindsight.sample(500, torch.Generator().manual_seed(0))
+    went = rows.obs[OBS_STATE][:, 0] + rows.actions[:, 0, 0]  # position after the step
+    told_right = torch.tensor([t == "go right" for t in rows.obs["task"]])
+    assert bool((went[told_right] >= 0.5).all()) and bool((went[~told_right] <= -0.5).all())
+    assert 0 < int(told_right.sum()) < 500
+    env = SerialVecEnv([TwoGoalEnv for _ in range(2)], "toy/two-goal")
+    assert FilteredBCLearner._instructions(RolloutEngine(env, GaussianPolicy(2, 1, horizon=1))) == ("go left", "go right")
+    counter = SerialVecEnv([CounterEnv], "toy/counter")
+    with pytest.raises(Exception, match="toy/counter names no task instructions"):
+        FilteredBCLearner._instructions(RolloutEngine(counter, GaussianPolicy(2, 1, horizon=1)))
+    signal_free = SuccessBuffer(10, relabel=("a", "b"))
+    with pytest.raises(KeyError, match="achieved_task"):
+        signal_free.add_rollout(_engine(0.5, 2, GaussianPolicy(2, 1, horizon=1), episode_steps=1).collect(
+            1, ActMode.EXPLORE))

@@ -58,6 +58,11 @@ class FilteredBCConfig(SFTLearnerConfig):
     """Demo LeRobotDataset mixed into every batch (empty: only the policy's own successes)."""
     demo_ratio: float = 0.25
     """Fraction of each batch drawn from ``demos``."""
+    hindsight: bool = False
+    """Hindsight relabeling: a failed episode that accomplished another task of a multi-task env (the env's
+    ``achieved_task`` signal: it lifted the green cube when told to lift the red one) joins the buffer as a
+    success of that task, under its instruction (:mod:`vla_rl.data.replay`). Needs an env that reports it and
+    its tasks' instructions (``mujoco/pick-any`` and the other tabletop ``-any`` / ``multi`` ids)."""
     explore: bool = True
     """Collect with the policy's exploration sampler (``act(EXPLORE)``); False plays the deterministic policy
     that evaluation runs, so only its own successes are imitated."""
@@ -124,6 +129,16 @@ class FilteredBCLearner(SFTLearner):
         self._actor.train(self.policy.training)
         return self._actor
 
+    @staticmethod
+    def _instructions(engine: Any) -> tuple[str, ...]:
+        """The env's task instructions, indexed like its ``achieved_task`` signal (``algo.hindsight``)."""
+        spec = engine.env.spec
+        if not spec.instructions:
+            raise ConfigError(f"algo.hindsight relabels episodes with the instruction of the task they accomplished; "
+                              f"env {spec.env_id} names no task instructions (use a multi-task env that reports "
+                              "achieved_task, e.g. mujoco/pick-any, or --algo.hindsight false)")
+        return tuple(spec.instructions)
+
     def collect(self, inputs: IterationInputs) -> Rollout:
         """Play ``decisions_per_iter`` chunks per env, file them in the buffer and draw this iteration's
         minibatches (none while the buffer holds fewer than ``min_buffer`` decisions); returns the rollout, whose
@@ -135,7 +150,8 @@ class FilteredBCLearner(SFTLearner):
         if self.buffer is None:
             if self.cfg.demos:
                 self.demos = self._load(self.cfg.demos)
-            self.buffer = SuccessBuffer(self.cfg.buffer_size, list(self.demos.obs) if self.demos is not None else None)
+            self.buffer = SuccessBuffer(self.cfg.buffer_size, list(self.demos.obs) if self.demos is not None else None,
+                                        relabel=self._instructions(engine) if self.cfg.hindsight else None)
         if self.updater is None:  # the policy keeps its normalization: it is fine-tuned, not pre-trained
             self.updater = self._start(None)
         if self.cfg.overlap:
@@ -200,6 +216,7 @@ class FilteredBCLearner(SFTLearner):
         demo_rows = sum(int((b.source == 0).sum()) for b in batches if b.source is not None)
         return {**stats, "update/buffer_decisions": float(len(self.buffer)),
                 "update/buffer_episodes": float(self.buffer.episodes_kept),
+                "update/relabeled_episodes": float(self.buffer.episodes_relabeled),
                 "update/demo_rows": demo_rows / max(1, sum(len(b) for b in batches))}
 
     def state_dict(self) -> dict[str, Any]:

@@ -6,6 +6,13 @@ of its running episode aside (:meth:`SuccessBuffer.add_rollout`), moves them in 
 success and drops them when it fails; the kept rows are drawn like any other chunk source
 (:class:`vla_rl.data.mix.ChunkSource`), so they mix with demos through :class:`vla_rl.data.mix.MixedSource`.
 Rows live in a ring of ``capacity`` decisions: once full, the oldest successes make room for new ones.
+
+Hindsight relabeling (``relabel``): a failed episode that accomplished another task of a multi-task env (the
+env's ``achieved_task`` signal, e.g. it lifted the green cube when told to lift the red one) is a successful
+episode of that other task. Its decisions up to the one in which that task first succeeded join the buffer under
+that task's instruction, as language-conditioned imitation relabels play (Lynch & Sermanet 2021) and hindsight
+experience replay relabels goals (Andrychowicz et al. 2017). The same images then appear under two instructions
+with two different actions, the contrast that teaches a policy which object an instruction names.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from sim.tasks import TASK_INDEX
 from vla_core.keys import TASK
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 
@@ -29,12 +37,16 @@ class SuccessBuffer:
         capacity: rows kept at most (the oldest leave first).
         keys: the observation keys kept, in this order (to mix with a source that has exactly these, e.g.
             demos); None keeps every key of the rollouts.
+        relabel: the instruction of each task of the env (``EnvSpec.instructions``, indexed like its
+            ``achieved_task`` signal) to relabel failed episodes that accomplished another task (module doc);
+            None keeps only episodes that succeeded at their own instruction.
 
     Raises:
         ValueError: for ``capacity < 1``.
     """
 
-    def __init__(self, capacity: int, keys: list[str] | None = None) -> None:
+    def __init__(self, capacity: int, keys: list[str] | None = None,
+                 relabel: tuple[str, ...] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"SuccessBuffer capacity must be >= 1, got {capacity}")
         self.capacity = capacity
@@ -44,9 +56,12 @@ class SuccessBuffer:
         self._mask: Tensor | None = None
         self._size = 0
         self._next = 0
-        self._pending: dict[int, list[tuple[dict[str, Any], Tensor]]] = {}
+        self.relabel = relabel
+        self._pending: dict[int, list[tuple[dict[str, Any], Tensor, int]]] = {}
         self.episodes_kept = 0
         self.episodes_dropped = 0
+        self.episodes_relabeled = 0
+        """Failed episodes kept under another task's instruction (counted in ``episodes_kept`` too)."""
 
     def __len__(self) -> int:
         return self._size
@@ -59,6 +74,7 @@ class SuccessBuffer:
         if missing:
             raise KeyError(f"the rollout's observations lack {missing} (have {sorted(rollout.obs)})")
         keys = self.keys if self.keys is not None else list(rollout.obs)
+        achieved = self._achieved(rollout)
         ended = rollout.terminated | rollout.truncated
         outcomes: dict[int, list[bool]] = {}
         for ep in rollout.episodes:  # per env, in the order they ended
@@ -69,17 +85,50 @@ class SuccessBuffer:
                 if not bool(rollout.valid[t, b]):
                     continue
                 obs = {k: (rollout.obs[k][t][b] if k == TASK else rollout.obs[k][t, b].clone()) for k in keys}
-                self._pending.setdefault(b, []).append((obs, rollout.actions[t, b]))
+                self._pending.setdefault(b, []).append((obs, rollout.actions[t, b], int(achieved[t, b])))
                 if bool(ended[t, b]):
                     queue = outcomes.get(b, [])
                     success = queue.pop(0) if queue else False
                     rows = self._pending.pop(b)
                     if success:
                         self.episodes_kept += 1
-                        for obs, action in rows:
+                        for obs, action, _ in rows:
                             self._put(obs, action)
-                    else:
+                    elif not self._keep_relabeled(rows):
                         self.episodes_dropped += 1
+
+    def _achieved(self, rollout: Rollout) -> Tensor:
+        """``[T, B]``: per decision, the index of the other task its executed steps first accomplished, else -1."""
+        t_len, b_len = rollout.valid.shape
+        if self.relabel is None:
+            return torch.full((t_len, b_len), -1)
+        signal = rollout.step_signals.get("achieved_task")
+        if signal is None:
+            raise KeyError("hindsight relabeling needs the env's achieved_task signal (a multi-task tabletop env, "
+                           f"e.g. mujoco/pick-any); the rollout's signals are {sorted(rollout.step_signals)}")
+        code = signal.round().long()  # [T, B, H]: 1 + index, 0 for none (and on held steps)
+        first = torch.where(code > 0, code, torch.full_like(code, 10**6)).min(-1).values
+        return torch.where(first < 10**6, first - 1, torch.full_like(first, -1))
+
+    def _keep_relabeled(self, rows: list[tuple[dict[str, Any], Tensor, int]]) -> bool:
+        """File a failed episode's decisions up to its first accomplishment of another task under that task's
+        instruction; False when it accomplished none (or relabeling is off)."""
+        assert self.relabel is not None or all(a < 0 for _, _, a in rows)
+        for n, (_, _, task) in enumerate(rows):
+            if task < 0:
+                continue
+            if not 0 <= task < len(self.relabel or ()):
+                raise ValueError(f"achieved_task {task} is not an index into the env's {len(self.relabel or ())} "
+                                 "task instructions")
+            for obs, action, _ in rows[: n + 1]:
+                obs[TASK] = self.relabel[task]  # type: ignore[index]
+                if TASK_INDEX in obs:
+                    obs[TASK_INDEX] = torch.as_tensor(task, dtype=obs[TASK_INDEX].dtype)
+                self._put(obs, action)
+            self.episodes_kept += 1
+            self.episodes_relabeled += 1
+            return True
+        return False
 
     def forget_running(self) -> None:
         """Drop the decisions of running episodes (their envs were reset: those episodes never end)."""
