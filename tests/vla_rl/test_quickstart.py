@@ -5,6 +5,8 @@ Plus the real-size RL gain from a fixed few-shot start (about 6 minutes, the lon
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -139,10 +141,10 @@ def test_the_quickstart_hands_its_demos_to_a_learner_that_mixes_demos():
 
 
 def test_the_ceiling_preset_is_the_quickstart_with_more_demos_pre_trained_further_and_trained_longer():
-    """``--preset pick_any_ceiling`` (issue 16) keeps the quickstart's env, policy and RL stage and changes only
-    the demos (200, all used by pre-training and mixed into RL), how far pre-training goes (2000 steps) and how
-    long RL runs, so its runs compare with the quickstart's; the trainer resolves its schedule to the longer run,
-    and RL mixes in the same 200-demo dataset pre-training read."""
+    """``--preset pick_any_ceiling`` (issue 16) keeps the quickstart's env and RL stage and changes only the
+    policy's image encoder (wider CNN), the demos (200, all used by pre-training and mixed into RL), how far
+    pre-training goes (4000 steps) and how long RL runs, so its runs compare with the quickstart's; the trainer
+    resolves its schedule to the longer run, and RL mixes in the same 200-demo dataset pre-training read."""
     from vla_rl.commands.quickstart import QuickstartConfig, _demo_root, _train_config
 
     base = QuickstartConfig(seed=2)
@@ -150,7 +152,9 @@ def test_the_ceiling_preset_is_the_quickstart_with_more_demos_pre_trained_furthe
     assert ceiling.demos == 200 and ceiling.sft.episodes == 200 and base.demos == 50
     assert ceiling.sft.stop_at_success == 0.0 and ceiling.sft.steps > base.sft.steps
     assert ceiling.iterations > base.iterations and ceiling.eval_every > 0
-    assert (ceiling.env, ceiling.policy, ceiling.algo) == (base.env, base.policy, base.algo)
+    assert (ceiling.env, ceiling.algo) == (base.env, base.algo)
+    assert tuple(ceiling.policy.cnn_channels) == (32, 64, 128)
+    assert dataclasses.replace(ceiling.policy, cnn_channels=base.policy.cnn_channels) == base.policy
     train = _train_config(ceiling, Path("/nonexistent-run"), policy_path="")
     assert train.algo.for_run(train.iterations).steps == ceiling.iterations * ceiling.algo.steps_per_iter
     assert train.algo.demos == str(_demo_root(ceiling)) and "n200" in train.algo.demos
