@@ -190,7 +190,6 @@ class TabletopEnv(SingleEnv):
             tasks=tuple(t.name for t in self._choices) if multi else (),
             instructions=tuple(t.instruction for t in self._choices) if multi else (),
         )
-        self._multi = multi
         self._renderer: mujoco.Renderer | None = None
         self._scene_option = mujoco.MjvOption()
         for flag, value in RENDER_FLAGS:
@@ -341,7 +340,7 @@ class TabletopEnv(SingleEnv):
         """Index into ``spec.tasks`` of the first other task of a multi-task env's set whose success predicate
         holds in the current state; -1 for none or a single-task env."""
         assert self._state is not None
-        if not self._multi:
+        if not self.spec.tasks:  # a single-task env
             return -1
         for i, other in enumerate(self._choices):
             if other is not self.task and is_success(other, self._state):

@@ -203,6 +203,12 @@ def test_hindsight_relabels_failed_episodes_with_the_task_they_accomplished() ->
     counter = SerialVecEnv([CounterEnv], "toy/counter")
     with pytest.raises(Exception, match="toy/counter names no task instructions"):
         FilteredBCLearner._instructions(RolloutEngine(counter, GaussianPolicy(2, 1, horizon=1)))
+    # a chunk's first accomplishing step decides (steps report 1 + index, 0 for none or a held step)
+    from types import SimpleNamespace
+    chunks = SimpleNamespace(valid=torch.ones(1, 3, dtype=torch.bool),
+                             step_signals={"achieved_task": torch.tensor([[[0.0, 3.0, 2.0], [0.0, 0.0, 0.0],
+                                                                          [1.0, 0.0, 0.0]]])})
+    assert SuccessBuffer(10, relabel=("a", "b", "c"))._achieved(chunks).tolist() == [[2, -1, 0]]
     signal_free = SuccessBuffer(10, relabel=("a", "b"))
     with pytest.raises(KeyError, match="achieved_task"):
         signal_free.add_rollout(_engine(0.5, 2, GaussianPolicy(2, 1, horizon=1), episode_steps=1).collect(

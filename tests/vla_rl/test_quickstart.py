@@ -6,7 +6,6 @@ Plus the real-size RL gain from a fixed few-shot start (about 6 minutes, the lon
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 

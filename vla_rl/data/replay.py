@@ -107,28 +107,28 @@ class SuccessBuffer:
             raise KeyError("hindsight relabeling needs the env's achieved_task signal (a multi-task tabletop env, "
                            f"e.g. mujoco/pick-any); the rollout's signals are {sorted(rollout.step_signals)}")
         code = signal.round().long()  # [T, B, H]: 1 + index, 0 for none (and on held steps)
-        first = torch.where(code > 0, code, torch.full_like(code, 10**6)).min(-1).values
-        return torch.where(first < 10**6, first - 1, torch.full_like(first, -1))
+        first_step = (code > 0).int().argmax(-1, keepdim=True)  # the first accomplishing step (0 when none)
+        return code.gather(-1, first_step).squeeze(-1) - 1
 
     def _keep_relabeled(self, rows: list[tuple[dict[str, Any], Tensor, int]]) -> bool:
         """File a failed episode's decisions up to its first accomplishment of another task under that task's
         instruction; False when it accomplished none (or relabeling is off)."""
-        assert self.relabel is not None or all(a < 0 for _, _, a in rows)
-        for n, (_, _, task) in enumerate(rows):
-            if task < 0:
-                continue
-            if not 0 <= task < len(self.relabel or ()):
-                raise ValueError(f"achieved_task {task} is not an index into the env's {len(self.relabel or ())} "
-                                 "task instructions")
-            for obs, action, _ in rows[: n + 1]:
-                obs[TASK] = self.relabel[task]  # type: ignore[index]
-                if TASK_INDEX in obs:
-                    obs[TASK_INDEX] = torch.as_tensor(task, dtype=obs[TASK_INDEX].dtype)
-                self._put(obs, action)
-            self.episodes_kept += 1
-            self.episodes_relabeled += 1
-            return True
-        return False
+        if self.relabel is None:
+            return False
+        n, task = next(((n, task) for n, (_, _, task) in enumerate(rows) if task >= 0), (-1, -1))
+        if task < 0:
+            return False
+        if task >= len(self.relabel):
+            raise ValueError(f"achieved_task {task} is not an index into the env's {len(self.relabel)} task "
+                             "instructions")
+        for obs, action, _ in rows[: n + 1]:
+            obs[TASK] = self.relabel[task]
+            if TASK_INDEX in obs:
+                obs[TASK_INDEX] = torch.as_tensor(task, dtype=obs[TASK_INDEX].dtype)
+            self._put(obs, action)
+        self.episodes_kept += 1
+        self.episodes_relabeled += 1
+        return True
 
     def forget_running(self) -> None:
         """Drop the decisions of running episodes (their envs were reset: those episodes never end)."""
