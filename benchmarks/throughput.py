@@ -20,7 +20,8 @@ Variants (``VARIANTS``) are switches of the same code:
   192), with ``--threads.update`` / ``--threads.rollout`` at 1 (the first row every ratio is taken against) or 2;
 - the quickstart's own stage since session 11, ``filtered_bc`` (8 supervised steps of 64 rows per iteration), with
   ``--algo.overlap`` off (1 or 2 update threads) and on (the update of each iteration trains in a thread while the
-  next one collects: the quickstart's default since session 13), and with pipelined collection.
+  next one collects: the quickstart's default since session 13), with the env workers' nice value raised
+  (``--algo.overlap_worker_nice``, default 10 since session 18) or not, and with pipelined collection.
 
 Medians over repeats; the ratios are what we track. Results: ``benchmarks/results/throughput.json`` and, with
 ``--write``, the section ``## Training throughput`` of docs/benchmarks.md.
@@ -55,12 +56,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "PPO update + acting on 2 threads": {"algo": "ppo", "update_threads": 2, "rollout_threads": 2},
     "filtered_bc 1 thread": {"algo": "filtered_bc", "overlap": False},
     "filtered_bc update on 2 threads": {"algo": "filtered_bc", "overlap": False, "update_threads": 2},
+    "filtered_bc overlapped update (workers not reniced)": {"algo": "filtered_bc", "overlap": True, "worker_nice": 0},
     "filtered_bc overlapped update (quickstart)": {"algo": "filtered_bc", "overlap": True},
     "filtered_bc pipelined collection": {"algo": "filtered_bc", "overlap": False, "pipelined": True},
     "filtered_bc overlapped + pipelined": {"algo": "filtered_bc", "overlap": True, "pipelined": True},
 }
 DEFAULT_VARIANTS = ("PPO 1 thread (issue start)", "filtered_bc 1 thread", "filtered_bc update on 2 threads",
-                    "filtered_bc overlapped update (quickstart)")
+                    "filtered_bc overlapped update (workers not reniced)", "filtered_bc overlapped update (quickstart)")
 WARMUP_ITERATIONS = 20
 """At most this many untimed iterations per variant, until ``filtered_bc``'s success buffer yields minibatches."""
 
@@ -89,7 +91,7 @@ def _quickstart(config_class: Any, algo: str, overlap: bool) -> Any:
 
 
 def build(policy_path: str, demos: str, seed: int, algo: str, update_threads: int = 1, rollout_threads: int = 1,
-          overlap: bool = False, pipelined: bool = False) -> Setup:
+          overlap: bool = False, pipelined: bool = False, worker_nice: int | None = None) -> Setup:
     from policies.io import checkpoint_cameras
     from policies.loading import load_policy
     from vla_rl.algorithms.base import ALGORITHMS
@@ -100,7 +102,9 @@ def build(policy_path: str, demos: str, seed: int, algo: str, update_threads: in
 
     cfg = _train_config(_quickstart(QuickstartConfig, algo, overlap), Path("/nonexistent"), policy_path=policy_path)
     if algo == "filtered_bc":
-        cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, demos=demos).for_run(cfg.iterations))
+        nice = cfg.algo.overlap_worker_nice if worker_nice is None else worker_nice
+        cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, demos=demos, overlap_worker_nice=nice)
+                                  .for_run(cfg.iterations))
     env_cfg = cfg.env
     if policy_path:
         env_cfg = env_cfg.with_policy_cameras(checkpoint_cameras(policy_path), policy_path)
@@ -116,12 +120,27 @@ def build(policy_path: str, demos: str, seed: int, algo: str, update_threads: in
     return Setup(env, policy, learner, engine, algo, update_threads, rollout_threads, overlap)
 
 
+def workers_cpu_s(env: Any) -> float:
+    """CPU seconds (user + system) the env's worker processes have used so far; NaN without worker processes or
+    ``/proc`` (not Linux)."""
+    procs = getattr(env, "_procs", None)
+    if not procs or not Path("/proc").is_dir():
+        return float("nan")
+    total = 0
+    for p in procs:
+        fields = Path(f"/proc/{p.pid}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def iteration(s: Setup, decisions: int) -> dict[str, float]:
-    """One collect + update as the training loop runs it; seconds and env steps."""
+    """One collect + update as the training loop runs it; seconds, env steps, and the CPU seconds of this process
+    (the learner: acting and updating, every thread) and of the env workers."""
     from vla_rl.algorithms.base import IterationInputs
     from vla_rl.threads import torch_threads
 
     s.policy.train()
+    cpu0, wcpu0 = time.process_time(), workers_cpu_s(s.env)
     t0 = time.perf_counter()
     with torch_threads(s.rollout_threads):
         if s.algo == "ppo":
@@ -134,6 +153,7 @@ def iteration(s: Setup, decisions: int) -> dict[str, float]:
         stats = s.learner.update(rollout)
     t2 = time.perf_counter()
     out = {"rollout_s": t1 - t0, "update_s": t2 - t1, "env_steps": rollout.env_steps,
+           "learner_cpu_s": time.process_time() - cpu0, "workers_cpu_s": workers_cpu_s(s.env) - wcpu0,
            **{k.removeprefix("time/").removesuffix("_s") + "_s": v for k, v in rollout.times.items()}}
     out["update_steps"] = stats.get("update/steps", 1.0)  # PPO reports none: it always updates
     if "update/overlapped_s" in stats:
@@ -192,6 +212,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from vla_rl.commands.quickstart import QuickstartConfig
 
+    from vla_rl.threads import usable_cores
+
     qs = _quickstart(QuickstartConfig, "ppo", False)
     decisions, iterations = qs.algo.decisions_per_iter, qs.iterations
     names = [n.strip() for n in args.variants.split(",")]
@@ -233,11 +255,14 @@ def main() -> None:
             "update_vs_rollout": med["update_s"] / med["rollout_s"],
             "update_own_vs_rollout": med.get("overlapped_update_s", med["update_s"]) / med["rollout_s"],
             "rl_stage_estimate_s": iterations * it_s + 2 * eval_s,
+            # all the CPU work of an iteration spread over every usable core: no schedule beats it
+            "cpu_floor_s": (med["learner_cpu_s"] + med["workers_cpu_s"]) / usable_cores(),
         })
     base = rows[0]["rl_stage_estimate_s"]
     for row in rows:
         row["rl_stage_vs_first"] = row["rl_stage_estimate_s"] / base
     result = {
+        "usable_cpus": usable_cores(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                    f"load average {os.getloadavg()[0]:.1f} at the end",
         "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
@@ -267,11 +292,13 @@ def render(r: dict[str, Any]) -> str:
         f"{r.get('demos') or 'none'}. Env only: {r['env_only_steps_per_s']:.0f} env steps / s (random actions, same "
         f"envs). One {r['eval_episodes']}-episode evaluation: {r['eval_seconds']:.0f} s. RL stage = 200 x (rollout + "
         "update) + 2 evaluations. *update s* is what the loop waits for; *own* is the update's own wall time (run "
-        "beside the next collection when overlapped).",
+        "beside the next collection when overlapped). *CPU s* per iteration: this process (acting and updating, all "
+        f"threads) and the env worker processes; *CPU floor*: their sum over the {r.get('usable_cpus', '?')} usable "
+        "cores, the shortest iteration any schedule of the same work could reach.",
         "",
         "| variant | rollout s | env s | act s | update s (own) | rollout steps/s | x env only | update own / rollout "
-        "| iteration steps/s | RL stage s (est.) | x first |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| iteration steps/s | CPU s: learner + workers | CPU floor s | RL stage s (est.) | x first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         own = row.get("update_own_s", row["update_s"])
@@ -280,7 +307,8 @@ def render(r: dict[str, Any]) -> str:
             f"| {row.get('rollout_act_s', 0):.2f} | {row['update_s']:.2f} ({own:.2f}) "
             f"| {row['rollout_steps_per_s']:.0f} | {row['rollout_vs_env_only']:.2f} "
             f"| {row.get('update_own_vs_rollout', row['update_vs_rollout']):.2f} | {row['iteration_steps_per_s']:.0f} "
-            f"| {row['rl_stage_estimate_s']:.0f} | {row['rl_stage_vs_first']:.2f} |"
+            f"| {row.get('learner_cpu_s', float('nan')):.2f} + {row.get('workers_cpu_s', float('nan')):.2f} "
+            f"| {row.get('cpu_floor_s', float('nan')):.2f} | {row['rl_stage_estimate_s']:.0f} | {row['rl_stage_vs_first']:.2f} |"
         )
     return "\n".join(lines)
 

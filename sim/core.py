@@ -250,6 +250,16 @@ class VecEnv(abc.ABC):
             )
         return actions.detach().to("cpu", torch.float32)
 
+    def lower_worker_priority(self, nice: int) -> int:
+        """Raise the nice value of the env's worker processes (every thread, renderer threads included) by
+        ``nice``, for a caller whose own work beside the envs is the critical path: a learner that trains in a
+        thread while the envs step (``filtered_bc --algo.overlap``). Unprivileged processes cannot lower it back.
+
+        Returns:
+            How many worker threads were reniced: 0 for envs without worker processes (this default).
+        """
+        return 0
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release workers, renderers and simulator handles. Idempotent."""

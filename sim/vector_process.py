@@ -559,6 +559,23 @@ class ProcessVecEnv(_Bookkeeping):
         for k in range(len(self._conns)):
             self._recv(k)
 
+    def lower_worker_priority(self, nice: int) -> int:
+        """See :meth:`sim.core.VecEnv.lower_worker_priority`: every thread of every worker (Linux lists them in
+        ``/proc/<pid>/task``; elsewhere only each worker's main thread; nothing where the OS has no nice values)."""
+        if not hasattr(os, "setpriority"):  # Windows
+            return 0
+        reniced = 0
+        for p in self._procs:
+            task_dir = Path(f"/proc/{p.pid}/task")
+            tids = [int(t) for t in os.listdir(task_dir)] if task_dir.is_dir() else [p.pid]
+            for tid in tids:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+                    reniced += 1
+                except (ProcessLookupError, PermissionError):  # a thread that just ended; a foreign process
+                    pass
+        return reniced
+
     def close(self) -> None:
         if getattr(self, "_closed", True):
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
@@ -66,6 +67,21 @@ def test_worker_crash_is_reported_with_env_id():
         env.step(torch.zeros(3, 1))
         with pytest.raises(EnvError, match="toy/counter: worker 0 failed: RuntimeError: simulated crash"):
             env.step(torch.zeros(3, 1))
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no nice values on this OS")
+def test_lower_worker_priority_renices_every_worker_and_not_the_caller(kind):
+    with _make(kind) as env:
+        env.reset(seed=0)
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        if kind == "serial":  # no workers: nothing to renice
+            assert env.lower_worker_priority(5) == 0
+        else:
+            before = [os.getpriority(os.PRIO_PROCESS, p.pid) for p in env._procs]
+            assert env.lower_worker_priority(5) >= len(env._procs)
+            assert [os.getpriority(os.PRIO_PROCESS, p.pid) for p in env._procs] == [min(19, b + 5) for b in before]
+            env.step(torch.zeros(3, 1))  # the workers still serve
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
 def test_fork_context_is_refused():
