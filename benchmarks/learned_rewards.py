@@ -16,6 +16,9 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   before and after) with the reward replaced by ``{classifier: 1.0}``: the learner never sees the simulator's
   success or dense reward; evaluation scores the simulator's success. Target: after - before >= +0.15. The
   classifier's success verdict ends the episode (``reward.classifier.terminate``, its default).
+- ``bc-classifier``: the same with the quickstart's own RL stage, success-filtered self-imitation
+  (``filtered_bc``), whose kept episodes are those the classifier calls successes
+  (``--algo.success_return 1``) instead of those the simulator does; same start, reward, evaluation and target.
 - ``prm``: a process reward model (``stages`` labels) trained like the classifier; then two quickstart RL runs
   from the same pre-trained start, ``{success: 1.0}`` and ``{success: 1.0, prm: <weight>}``, evaluated every
   ``--eval_every`` iterations on 400 held-out episodes; reports the env steps at which the PRM run first
@@ -39,6 +42,8 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
 
     python benchmarks/learned_rewards.py --parts classifier --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts ppo-classifier --seeds 0 1 2
+    python benchmarks/learned_rewards.py --parts classifier bc-classifier --classifier classifier-v2 \
+        --images_only --policy_episodes 200 --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts prm --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts classifier ppo-classifier --classifier classifier-v2 \
@@ -66,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "rewards.json"
 NOISE = [0.0, 0.5, 1.0, 2.0]
 HELD_OUT_SEED = 7_000_000
-CLASSIFIER_PARTS = ("classifier", "ppo-classifier")
+CLASSIFIER_PARTS = ("classifier", "ppo-classifier", "bc-classifier")
 
 
 def env_config(num_envs: int = 16) -> Any:
@@ -144,12 +149,14 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
 
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
                    sft_from: Path | None = None, eval_episodes: int = 400, preset: str = "quickstart_ppo",
-                   env: Any = None, per_task: int = 0, start_success: float = 0.0, **fields: Any) -> dict[str, Any]:
+                   env: Any = None, per_task: int = 0, start_success: float = 0.0, algo: dict[str, Any] | None = None,
+                   **fields: Any) -> dict[str, Any]:
     """``vla-rl quickstart`` (``preset``; empty = its defaults) with the RL stage's reward replaced by ``reward``
     (a RewardConfig; None = the preset's), the env by ``env`` (an EnvConfig), the evaluation by the ``per_task``
     protocol with that many episodes per task (0 = the quickstart's seeded episodes) and other QuickstartConfig
-    ``fields`` set; ``sft_from``: a run folder whose pre-trained policy this run starts from; ``start_success``:
-    stop the imitation once a success check reaches it (:func:`pretrained`)."""
+    ``fields`` set, and the preset's learner config with ``algo``'s fields; ``sft_from``: a run folder whose
+    pre-trained policy this run starts from; ``start_success``: stop the imitation once a success check reaches it
+    (:func:`pretrained`)."""
     import shutil
 
     from vla_rl.cli import parse_config
@@ -176,6 +183,8 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
         base = parse_config(qs.QuickstartConfig, ["--preset", preset] if preset else [])
         if start_success:
             fields["sft"] = dataclasses.replace(base.sft, stop_at_success=start_success, check_from=100, check_every=50)
+        if algo:
+            fields["algo"] = dataclasses.replace(base.algo, **algo)
         cfg = dataclasses.replace(
             base, seed=seed, run_dir=str(run_dir), iterations=iterations, eval_every=eval_every,
             resume=run_dir.exists(), eval_episodes=eval_episodes, env=env if env is not None else base.env,
@@ -196,7 +205,10 @@ def evals(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
 
 
 def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: int,
-                        kind: str = "classifier", start_success: float = 0.0) -> dict[str, Any]:
+                        kind: str = "classifier", start_success: float = 0.0, learner: str = "ppo") -> dict[str, Any]:
+    """RL with the classifier as the only reward from the seed's pre-trained start: ``learner`` ``ppo`` (the
+    ``quickstart_ppo`` preset) or ``filtered_bc`` (the quickstart's own stage, imitating the episodes the
+    classifier calls successes)."""
     from rewards import RewardConfig
     from rewards.learned.terms import ClassifierTermConfig
 
@@ -205,13 +217,17 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: in
         raise SystemExit(f"no classifier at {clf}: run --parts classifier first")
     reward = RewardConfig(terms={"classifier": 1.0}, classifier=ClassifierTermConfig(path=str(clf)))
     t0 = time.perf_counter()
-    s = quickstart_run(seed, out / f"ppo-{kind}-s{seed}", reward, iterations, 0, eval_episodes=eval_episodes,
-                       sft_from=pretrained(seed, out, start_success))
+    if learner == "ppo":
+        run, preset, algo = out / f"ppo-{kind}-s{seed}", "quickstart_ppo", None
+    else:  # a classifier success verdict pays 1 and ends the episode: return 1 is a success
+        run, preset, algo = out / f"bc-{kind}-s{seed}", "", {"success_return": 1.0}
+    s = quickstart_run(seed, run, reward, iterations, 0, eval_episodes=eval_episodes,
+                       sft_from=pretrained(seed, out, start_success), preset=preset, algo=algo)
     n = s["episodes_per_eval"]
     return {"seed": seed, "before": s["success_before"], "after": s["success_after"],
             "gain": s["success_after"] - s["success_before"], "before_ci": s["success_before_ci"],
             "after_ci": s["success_after_ci"], "episodes": n, "env_steps": s["env_steps"],
-            "classifier": str(clf), "wall_s": time.perf_counter() - t0,
+            "classifier": str(clf), "learner": learner, "wall_s": time.perf_counter() - t0,
             "ok": s["success_after"] - s["success_before"] >= 0.15}
 
 
@@ -393,16 +409,21 @@ def render(results: dict[str, Any]) -> str:
                        f"{r['episode_accuracy']:.3f} {_ci(list(wilson_interval(k, n)))} | {r['precision']:.2f} | "
                        f"{r['recall']:.3f} | {r['accuracy']:.3f} | {r['frames']} | {r['record_s']:.0f} + "
                        f"{r['fit_s']:.0f} | {_yes(r)} |")
-    for key in [k for k in results if k.split(" (")[0] == "ppo-classifier"]:
+    for key in [k for k in results if k.split(" (")[0] in ("ppo-classifier", "bc-classifier")]:
         sec = results[key]
-        out += ["", f"### PPO with the classifier as its only reward{_variant(key)}", "",
-                "`--parts ppo-classifier`: `vla-rl quickstart --preset quickstart_ppo` (demos, few-shot imitation, "
-                "Flow-SDE PPO for 200 iterations) with the reward replaced by `{classifier: 1.0}` (the seed's "
+        bc = key.startswith("bc-")
+        what = ("`--parts bc-classifier`: `vla-rl quickstart` (its own RL stage, success-filtered self-imitation for "
+                "200 iterations, `--algo.success_return 1`: it imitates the episodes the classifier calls successes)"
+                if bc else "`--parts ppo-classifier`: `vla-rl quickstart --preset quickstart_ppo` (demos, few-shot "
+                "imitation, Flow-SDE PPO for 200 iterations)")
+        out += ["", f"### {'filtered_bc' if bc else 'PPO'} with the classifier as its only reward{_variant(key)}", "",
+                f"{what}, from the seed's pre-trained start (the `quickstart_ppo` preset's demos and imitation), "
+                "with the reward replaced by `{classifier: 1.0}` (the seed's "
                 "classifier above): the learner never sees the simulator's success or dense reward; the 400 "
                 "held-out episodes before and after are scored by the simulator's success (deterministic policy, "
-                f"95% Wilson interval). *Simulator-reward gain*: the same PPO from the same start on the simulator's "
-                "own success (`{success: 1.0}`, the `prm` part's sparse run, where measured): what a perfect "
-                f"classifier would give. {_conditions(sec)}.", "",
+                f"95% Wilson interval). *Simulator-reward gain*: PPO from the same start on the simulator's "
+                "own success (`{success: 1.0}`, the `prm` part's sparse run, where measured). "
+                f"{_conditions(sec)}.", "",
                 "| seed | success before [95% CI] | success after [95% CI] | gain | simulator-reward gain | episodes | "
                 "env steps | wall s | >= +0.15 |", "|---:|---|---|---:|---:|---:|---:|---:|---|"]
         # a sparse run of the same seed from the same start (any prm section: pre-training is deterministic per seed)
@@ -465,7 +486,8 @@ def render(results: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", nargs="+", default=["classifier"], choices=["classifier", "ppo-classifier", "prm", "curriculum"])
+    p.add_argument("--parts", nargs="+", default=["classifier"],
+                   choices=["classifier", "ppo-classifier", "bc-classifier", "prm", "curriculum"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=400, help="training and held-out episodes each (classifier)")
     p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
@@ -515,9 +537,9 @@ def main() -> None:
                 row = part_model("classifier", seed, args.episodes, args.epochs, out, args.policy_episodes,
                                  args.images_only, args.classifier, args.start_success)
                 row["ok"] = row["episode_accuracy"] >= 0.95
-            elif part == "ppo-classifier":
+            elif part in ("ppo-classifier", "bc-classifier"):
                 row = part_ppo_classifier(seed, out, args.iterations, args.eval_episodes, args.classifier,
-                                          args.start_success)
+                                          args.start_success, "ppo" if part == "ppo-classifier" else "filtered_bc")
             elif part == "curriculum":
                 row = part_curriculum(seed, out, args.curriculum_iterations, args.per_task, args.curriculum_demos,
                                       args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer)

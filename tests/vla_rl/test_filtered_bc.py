@@ -51,6 +51,40 @@ def test_the_buffer_keeps_exactly_the_decisions_of_successful_episodes_across_ro
     assert 0.0 in kept_steps.tolist() and float(kept_steps.max()) < 4
 
 
+def test_the_buffer_can_judge_success_by_the_runs_reward_instead_of_the_env() -> None:
+    """``success_return``: an episode is kept when its summed reward (the configured terms, here the env's
+    ``progress`` term, the position reached) reaches the threshold, whatever the env's success flag says; with
+    ``{success: 1.0}`` and threshold 1 the two judges agree episode for episode."""
+    from rewards import RewardConfig
+
+    def rollout(terms: dict[str, float]):
+        torch.manual_seed(0)
+        policy = GaussianPolicy(2, 1, horizon=1, init_mean=0.3)
+        env = SerialVecEnv([functools.partial(CounterEnv, episode_steps=1, goal=0.6, extra_term="progress")
+                            for _ in range(16)], "toy/counter")
+        engine = RolloutEngine(env, policy, reward=RewardConfig(terms=terms))
+        engine.reset(seed=0)
+        return engine.collect(4, ActMode.EXPLORE)  # one-step episodes: each decision is a whole episode
+
+    by_reward = rollout({"progress": 1.0})
+    buffer = SuccessBuffer(capacity=1000, success_return=0.4)
+    buffer.add_rollout(by_reward)
+    kept = int((by_reward.rewards >= 0.4).sum())
+    env_successes = sum(e.success for e in by_reward.episodes)
+    assert kept != env_successes and 0 < kept < by_reward.rewards.numel()  # the judges differ on this data
+    assert buffer.episodes_kept == kept and len(buffer) == kept
+    assert buffer.episodes_dropped == by_reward.rewards.numel() - kept
+
+    by_success = rollout({"success": 1.0})
+    same = SuccessBuffer(capacity=1000, success_return=1.0)
+    same.add_rollout(by_success)
+    env_judged = SuccessBuffer(capacity=1000)
+    env_judged.add_rollout(by_success)
+    assert same.episodes_kept == env_judged.episodes_kept == sum(e.success for e in by_success.episodes) > 0
+    with pytest.raises(ValueError, match="success_return"):
+        FilteredBCConfig(success_return=-1.0)
+
+
 def test_the_buffer_is_a_ring_filters_keys_and_names_what_it_lacks() -> None:
     torch.manual_seed(0)
     engine = _engine(goal=0.05, n=4, policy=GaussianPolicy(2, 1, horizon=1, init_mean=0.5), episode_steps=2)
@@ -145,7 +179,8 @@ def test_overlapped_updates_learn_the_bandit_too_and_reproduce_exactly(seed: int
 def test_an_overlapped_collection_acts_with_the_weights_from_before_the_steps_it_trains() -> None:
     """Iteration 0 defers its steps (sync False); iteration 1's collection trains them in the background while a
     copy holding the pre-step weights acts; the engine gets the live policy back afterwards, a checkpoint taken
-    between holds the state before the deferred steps, and a synced update trains at once."""
+    between holds the state before the deferred steps, a synced update trains at once, and the env was asked
+    once to lower its workers' priority."""
     policy = _flow_policy(0)
     cfg = FilteredBCConfig(lr=3e-3, steps=50, batch_size=16, steps_per_iter=3, decisions_per_iter=1, min_buffer=1,
                            image_shift=0, overlap=True)
@@ -159,6 +194,8 @@ def test_an_overlapped_collection_acts_with_the_weights_from_before_the_steps_it
             return super().collect(num_decisions, mode)
 
     engine.__class__ = Spy
+    reniced: list[int] = []
+    engine.env.lower_worker_priority = lambda nice: reniced.append(nice) or 0  # type: ignore[method-assign]
     learner.update(learner.collect(IterationInputs(iteration=0, seed_base=0, reset=True, engine=engine, sync=False)))
     assert learner.updater is not None and learner.updater.steps == 0 and len(learner._deferred) == 3
     assert learner.state_dict()["sft"]["steps"] == 0  # a checkpoint now holds the weights before the deferred steps
@@ -172,6 +209,7 @@ def test_an_overlapped_collection_acts_with_the_weights_from_before_the_steps_it
     stats = learner.update(rollout)  # synced: this iteration's own 3 steps run now
     assert learner.updater.steps == 6 and stats["update/steps"] == 6 and stats["update/overlapped_s"] > 0
     assert not learner._deferred and "act_generator" in learner.state_dict()
+    assert reniced == [cfg.overlap_worker_nice]  # the env's workers yield to the update thread, asked once
 
 
 def test_hindsight_relabels_failed_episodes_with_the_task_they_accomplished() -> None:

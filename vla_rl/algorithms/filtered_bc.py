@@ -63,6 +63,12 @@ class FilteredBCConfig(SFTLearnerConfig):
     ``achieved_task`` signal: it lifted the green cube when told to lift the red one) joins the buffer as a
     success of that task, under its instruction (:mod:`vla_rl.data.replay`). Needs an env that reports it and
     its tasks' instructions (``mujoco/pick-any`` and the other tabletop ``-any`` / ``multi`` ids)."""
+    success_return: float = 0.0
+    """0: an episode counts as a success when the env reports success. Above 0: when the run's reward
+    (``--reward.terms``) summed over the episode reaches this, so the learner never reads the simulator's
+    success: with ``--reward.terms '{classifier: 1.0}' --algo.success_return 1`` a learned success classifier
+    decides which episodes are imitated (what fine-tuning on a real robot needs; docs/benchmarks.md, "Learned
+    rewards")."""
     explore: bool = True
     """Collect with the policy's exploration sampler (``act(EXPLORE)``); False plays the deterministic policy
     that evaluation runs, so only its own successes are imitated."""
@@ -81,6 +87,8 @@ class FilteredBCConfig(SFTLearnerConfig):
         super().__post_init__()
         if self.decisions_per_iter < 1 or self.buffer_size < 1 or self.min_buffer < 1:
             raise ValueError("algo.decisions_per_iter, algo.buffer_size and algo.min_buffer must be >= 1")
+        if self.success_return < 0:
+            raise ValueError(f"algo.success_return must be >= 0 (0: the env's success), got {self.success_return}")
         if not 0 <= self.overlap_worker_nice <= 19:
             raise ValueError(f"algo.overlap_worker_nice must lie in [0, 19], got {self.overlap_worker_nice}")
         if not 0.0 <= self.demo_ratio < 1.0:
@@ -158,7 +166,8 @@ class FilteredBCLearner(SFTLearner):
             if self.cfg.demos:
                 self.demos = self._load(self.cfg.demos)
             self.buffer = SuccessBuffer(self.cfg.buffer_size, list(self.demos.obs) if self.demos is not None else None,
-                                        relabel=self._instructions(engine) if self.cfg.hindsight else None)
+                                        relabel=self._instructions(engine) if self.cfg.hindsight else None,
+                                        success_return=self.cfg.success_return or None)
         if self.updater is None:  # the policy keeps its normalization: it is fine-tuned, not pre-trained
             self.updater = self._start(None)
         if self.cfg.overlap:

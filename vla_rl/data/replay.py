@@ -40,15 +40,21 @@ class SuccessBuffer:
         relabel: the instruction of each task of the env (``EnvSpec.instructions``, indexed like its
             ``achieved_task`` signal) to relabel failed episodes that accomplished another task (module doc);
             None keeps only episodes that succeeded at their own instruction.
+        success_return: None: an episode succeeded when the env reported success (``EpisodeRecord.success``).
+            A number: when the run's reward (``Rollout.rewards``, the configured terms) summed over the
+            episode's decisions reaches it: with ``{classifier: 1.0}`` a learned success classifier's verdict,
+            for training where no simulator reports success (a real robot).
 
     Raises:
         ValueError: for ``capacity < 1``.
     """
 
     def __init__(self, capacity: int, keys: list[str] | None = None,
-                 relabel: tuple[str, ...] | None = None) -> None:
+                 relabel: tuple[str, ...] | None = None, success_return: float | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"SuccessBuffer capacity must be >= 1, got {capacity}")
+        self.success_return = success_return
+        self._returns: dict[int, float] = {}  # success_return: each env's running episode's reward so far
         self.capacity = capacity
         self.keys = keys
         self._obs: dict[str, Any] = {}
@@ -68,8 +74,9 @@ class SuccessBuffer:
 
     def add_rollout(self, rollout: Rollout) -> None:
         """File every valid decision of ``rollout`` under its env's running episode; an episode that ended in
-        the rollout moves into the buffer if it succeeded (:class:`vla_rl.rollout.EpisodeRecord`) and is
-        dropped otherwise. Decisions of episodes still running wait for a later rollout."""
+        the rollout moves into the buffer if it succeeded (the env's :class:`vla_rl.rollout.EpisodeRecord`
+        flag, or its reward with ``success_return``) and is dropped otherwise. Decisions of episodes still
+        running wait for a later rollout."""
         missing = [k for k in self.keys or () if k not in rollout.obs]
         if missing:
             raise KeyError(f"the rollout's observations lack {missing} (have {sorted(rollout.obs)})")
@@ -86,9 +93,13 @@ class SuccessBuffer:
                     continue
                 obs = {k: (rollout.obs[k][t][b] if k == TASK else rollout.obs[k][t, b].clone()) for k in keys}
                 self._pending.setdefault(b, []).append((obs, rollout.actions[t, b], int(achieved[t, b])))
+                if self.success_return is not None:
+                    self._returns[b] = self._returns.get(b, 0.0) + float(rollout.rewards[t, b])
                 if bool(ended[t, b]):
                     queue = outcomes.get(b, [])
                     success = queue.pop(0) if queue else False
+                    if self.success_return is not None:
+                        success = self._returns.pop(b) >= self.success_return
                     rows = self._pending.pop(b)
                     if success:
                         self.episodes_kept += 1
@@ -133,6 +144,7 @@ class SuccessBuffer:
     def forget_running(self) -> None:
         """Drop the decisions of running episodes (their envs were reset: those episodes never end)."""
         self._pending.clear()
+        self._returns.clear()
 
     def _put(self, obs: dict[str, Any], action: Tensor) -> None:
         if self._actions is None:
