@@ -211,9 +211,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from vla_rl.commands.quickstart import QuickstartConfig
-
     from vla_rl.threads import usable_cores
 
+    cores = usable_cores()
     qs = _quickstart(QuickstartConfig, "ppo", False)
     decisions, iterations = qs.algo.decisions_per_iter, qs.iterations
     names = [n.strip() for n in args.variants.split(",")]
@@ -256,13 +256,13 @@ def main() -> None:
             "update_own_vs_rollout": med.get("overlapped_update_s", med["update_s"]) / med["rollout_s"],
             "rl_stage_estimate_s": iterations * it_s + 2 * eval_s,
             # all the CPU work of an iteration spread over every usable core: no schedule beats it
-            "cpu_floor_s": (med["learner_cpu_s"] + med["workers_cpu_s"]) / usable_cores(),
+            "cpu_floor_s": (med["learner_cpu_s"] + med["workers_cpu_s"]) / cores,
         })
     base = rows[0]["rl_stage_estimate_s"]
     for row in rows:
         row["rl_stage_vs_first"] = row["rl_stage_estimate_s"] / base
     result = {
-        "usable_cpus": usable_cores(),
+        "usable_cpus": cores,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                    f"load average {os.getloadavg()[0]:.1f} at the end",
         "date": time.strftime("%Y-%m-%d", time.gmtime(started)),

@@ -17,7 +17,7 @@ with two different actions, the contrast that teaches a policy which object an i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,6 +28,17 @@ from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 
 if TYPE_CHECKING:
     from vla_rl.rollout import Rollout
+
+
+class _Decision(NamedTuple):
+    """One decision of a running episode, waiting for the episode's outcome."""
+
+    obs: dict[str, Any]
+    action: Tensor
+    achieved: int
+    """Index of the other task its steps first accomplished (hindsight relabeling), else -1."""
+    reward: float
+    """The run's reward of the decision (``Rollout.rewards``), summed when ``success_return`` judges the episode."""
 
 
 class SuccessBuffer:
@@ -54,7 +65,6 @@ class SuccessBuffer:
         if capacity < 1:
             raise ValueError(f"SuccessBuffer capacity must be >= 1, got {capacity}")
         self.success_return = success_return
-        self._returns: dict[int, float] = {}  # success_return: each env's running episode's reward so far
         self.capacity = capacity
         self.keys = keys
         self._obs: dict[str, Any] = {}
@@ -63,7 +73,7 @@ class SuccessBuffer:
         self._size = 0
         self._next = 0
         self.relabel = relabel
-        self._pending: dict[int, list[tuple[dict[str, Any], Tensor, int]]] = {}
+        self._pending: dict[int, list[_Decision]] = {}
         self.episodes_kept = 0
         self.episodes_dropped = 0
         self.episodes_relabeled = 0
@@ -92,19 +102,18 @@ class SuccessBuffer:
                 if not bool(rollout.valid[t, b]):
                     continue
                 obs = {k: (rollout.obs[k][t][b] if k == TASK else rollout.obs[k][t, b].clone()) for k in keys}
-                self._pending.setdefault(b, []).append((obs, rollout.actions[t, b], int(achieved[t, b])))
-                if self.success_return is not None:
-                    self._returns[b] = self._returns.get(b, 0.0) + float(rollout.rewards[t, b])
+                self._pending.setdefault(b, []).append(
+                    _Decision(obs, rollout.actions[t, b], int(achieved[t, b]), float(rollout.rewards[t, b])))
                 if bool(ended[t, b]):
                     queue = outcomes.get(b, [])
-                    success = queue.pop(0) if queue else False
-                    if self.success_return is not None:
-                        success = self._returns.pop(b) >= self.success_return
+                    env_success = queue.pop(0) if queue else False  # popped either way: the queue stays in step
                     rows = self._pending.pop(b)
+                    success = (env_success if self.success_return is None
+                               else sum(row.reward for row in rows) >= self.success_return)
                     if success:
                         self.episodes_kept += 1
-                        for obs, action, _ in rows:
-                            self._put(obs, action)
+                        for row in rows:
+                            self._put(row.obs, row.action)
                     elif not self._keep_relabeled(rows):
                         self.episodes_dropped += 1
 
@@ -121,22 +130,22 @@ class SuccessBuffer:
         first_step = (code > 0).int().argmax(-1, keepdim=True)  # the first accomplishing step (0 when none)
         return code.gather(-1, first_step).squeeze(-1) - 1
 
-    def _keep_relabeled(self, rows: list[tuple[dict[str, Any], Tensor, int]]) -> bool:
+    def _keep_relabeled(self, rows: list[_Decision]) -> bool:
         """File a failed episode's decisions up to its first accomplishment of another task under that task's
         instruction; False when it accomplished none (or relabeling is off)."""
         if self.relabel is None:
             return False
-        n, task = next(((n, task) for n, (_, _, task) in enumerate(rows) if task >= 0), (-1, -1))
+        n, task = next(((n, row.achieved) for n, row in enumerate(rows) if row.achieved >= 0), (-1, -1))
         if task < 0:
             return False
         if task >= len(self.relabel):
             raise ValueError(f"achieved_task {task} is not an index into the env's {len(self.relabel)} task "
                              "instructions")
-        for obs, action, _ in rows[: n + 1]:
-            obs[TASK] = self.relabel[task]
-            if TASK_INDEX in obs:
-                obs[TASK_INDEX] = torch.as_tensor(task, dtype=obs[TASK_INDEX].dtype)
-            self._put(obs, action)
+        for row in rows[: n + 1]:
+            row.obs[TASK] = self.relabel[task]
+            if TASK_INDEX in row.obs:
+                row.obs[TASK_INDEX] = torch.as_tensor(task, dtype=row.obs[TASK_INDEX].dtype)
+            self._put(row.obs, row.action)
         self.episodes_kept += 1
         self.episodes_relabeled += 1
         return True
@@ -144,7 +153,6 @@ class SuccessBuffer:
     def forget_running(self) -> None:
         """Drop the decisions of running episodes (their envs were reset: those episodes never end)."""
         self._pending.clear()
-        self._returns.clear()
 
     def _put(self, obs: dict[str, Any], action: Tensor) -> None:
         if self._actions is None:
