@@ -58,8 +58,17 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "vla_rl.cli", *args]
 
 
-def pretrain(seed: int, base: Path, extra: list[str]) -> tuple[Path, float]:
-    """The quickstart's pre-trained policy for ``seed`` (no RL); returns its folder and the wall seconds."""
+def pretrain(seed: int, base: Path, extra: list[str], template: str = "") -> tuple[Path, float]:
+    """The quickstart's pre-trained policy for ``seed`` (no RL); returns its folder and the wall seconds.
+
+    ``template``: an existing pre-trained policy folder per seed (``{seed}`` is replaced), for example the
+    ``sft_policy`` of ``vla-rl quickstart --seed N`` runs: used as it is, nothing is trained (0 seconds).
+    """
+    if template:
+        policy = Path(template.format(seed=seed))
+        if not (policy / "config.json").exists():
+            raise FileNotFoundError(f"--pretrained: no policy at {policy} (its config.json is missing)")
+        return policy, 0.0
     run_dir = base / "pretrain"
     wall = 0.0
     policy = run_dir / "sft_policy"
@@ -83,11 +92,11 @@ def align(seed: int, objective: str, policy: Path, base: Path, episodes: int, ex
     return {**json.loads((run_dir / "report.json").read_text()), "wall": wall}
 
 
-def ppo(seed: int, pre: Path, base: Path, env_steps: int, episodes: int, extra: list[str]) -> dict[str, Any]:
-    """The quickstart's PPO from the pre-trained policy for about ``env_steps`` env steps."""
+def ppo(seed: int, policy: Path, base: Path, env_steps: int, episodes: int, extra: list[str]) -> dict[str, Any]:
+    """The quickstart's PPO from the pre-trained ``policy`` folder for about ``env_steps`` env steps."""
     run_dir = base / "ppo"
-    if not run_dir.exists():
-        shutil.copytree(pre, run_dir / "sft_policy")
+    if not (run_dir / "sft_policy").exists():
+        shutil.copytree(policy, run_dir / "sft_policy")
     iters = max(1, math.ceil(env_steps / PPO_STEPS_PER_ITER))
     wall = _run(_cli("quickstart", "--preset", "quickstart_ppo", "--seed", str(seed), "--iterations", str(iters),
                      "--eval_episodes", str(episodes),
@@ -157,6 +166,8 @@ def main() -> None:
     parser.add_argument("--ppo", type=lambda s: s.lower() == "true", default=True,
                         help="also run PPO for the env steps of the task alignment (true/false)")
     parser.add_argument("--pretrain-args", default="", help="extra vla-rl quickstart arguments, one string")
+    parser.add_argument("--pretrained", default="", help="existing pre-trained policy folder per seed, '{seed}' "
+                        "replaced (e.g. runs/quickstart-mujoco-pick-any-s{seed}/sft_policy); default: pre-train")
     parser.add_argument("--runs", type=Path, default=None, help="parent folder of the run folders (default: new)")
     parser.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
     parser.add_argument("--results", type=Path, default=RESULTS)
@@ -165,17 +176,19 @@ def main() -> None:
     runs = args.runs or ROOT / "runs" / f"bench-grape-{time.strftime('%Y%m%d-%H%M%S')}"
     pre_extra = args.pretrain_args.split()
     rows, ppo_rows, pre_walls = [], {}, {}
+    policies = {}
     for seed in args.seeds:
-        base = runs / f"seed{seed}"
-        policy, pre_walls[seed] = pretrain(seed, base, pre_extra)
-        for objective in args.objectives:
-            rows.append(row(seed, objective, align(seed, objective, policy, base, args.episodes, extra)))
+        policies[seed], pre_walls[seed] = pretrain(seed, runs / f"seed{seed}", pre_extra, args.pretrained)
+    # objective by objective, so that a run cut short has every seed of the first objectives
+    for objective in args.objectives:
+        for seed in args.seeds:
+            base = runs / f"seed{seed}"
+            rows.append(row(seed, objective, align(seed, objective, policies[seed], base, args.episodes, extra)))
             print(json.dumps(rows[-1], default=str), flush=True)
             publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)  # what is done so far survives a kill
-        task = next((r for r in rows if r["seed"] == seed and r["objective"] == "task"), None)
-        if args.ppo and task is not None:
-            ppo_rows[seed] = ppo(seed, policy.parent, base, task["env_steps"], args.episodes, pre_extra)
-            publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)
+            if objective == "task" and args.ppo:
+                ppo_rows[seed] = ppo(seed, policies[seed], base, rows[-1]["env_steps"], args.episodes, pre_extra)
+                publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)
 
 
 def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]],

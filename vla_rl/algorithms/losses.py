@@ -265,6 +265,7 @@ def tpo_loss(
     ref_logp_chosen: torch.Tensor,
     ref_logp_rejected: torch.Tensor,
     beta: float,
+    chosen_penalty: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRAPE trajectory-wise preference loss (DPO over whole trajectories).
 
@@ -272,7 +273,13 @@ def tpo_loss(
 
         rho_w = beta * (log pi(tau_w) - log pi_ref(tau_w))
         rho_l = beta * (log pi(tau_l) - log pi_ref(tau_l))
-        loss  = mean(-log sigmoid(rho_w - rho_l))
+        drop  = max(0, log pi_ref(tau_w) - log pi(tau_w))
+        loss  = mean(-log sigmoid(rho_w - rho_l - beta * chosen_penalty * drop))
+
+    With ``chosen_penalty = 0`` this is GRAPE's loss. DPO's margin also grows when both trajectories
+    become less likely, the rejected one faster; ``chosen_penalty > 0`` (DPO-Positive, Pal et al.,
+    2024, who use 50) charges every nat the chosen trajectory loses against the reference, so the
+    margin has to come from the rejected one or from the chosen one rising.
 
     Args:
         logp_chosen: ``float [P]`` trajectory log-prob (sum over steps) of each
@@ -281,15 +288,17 @@ def tpo_loss(
         ref_logp_chosen: ``float [P]`` chosen trajectories under the reference policy.
         ref_logp_rejected: ``float [P]`` rejected trajectories under the reference policy.
         beta: inverse temperature ``> 0`` (0.1 in GRAPE).
+        chosen_penalty: ``lambda >= 0`` of the chosen trajectory's likelihood drop (0: GRAPE).
 
     Returns:
         ``(loss, stats)``: 0-dim loss and detached 0-dim stats ``tpo_loss``,
         ``reward_chosen`` (mean ``rho_w``), ``reward_rejected`` (mean ``rho_l``),
         ``reward_margin`` (mean ``rho_w - rho_l``), ``accuracy`` (fraction of
-        pairs with ``rho_w > rho_l``).
+        pairs with ``rho_w > rho_l``), ``chosen_drop`` (mean ``drop``, nats).
 
     Raises:
-        ValueError: if the inputs are not equal-shape 1-D float tensors or ``beta <= 0``.
+        ValueError: if the inputs are not equal-shape 1-D float tensors, ``beta <= 0`` or
+            ``chosen_penalty < 0``.
     """
     _check_same_shape(
         "logp_chosen",
@@ -304,10 +313,13 @@ def tpo_loss(
         raise ValueError(f"logp_chosen must be [P] (one log-prob per pair), got shape {tuple(logp_chosen.shape)}")
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
+    if not chosen_penalty >= 0:
+        raise ValueError(f"chosen_penalty must be >= 0, got {chosen_penalty}")
     reward_chosen = beta * (logp_chosen - ref_logp_chosen)
     reward_rejected = beta * (logp_rejected - ref_logp_rejected)
     margin = reward_chosen - reward_rejected
-    loss = -F.logsigmoid(margin).mean()
+    drop = (ref_logp_chosen - logp_chosen).clamp(min=0)
+    loss = -F.logsigmoid(margin - beta * chosen_penalty * drop).mean()
     with torch.no_grad():
         stats = {
             "tpo_loss": loss.detach(),
@@ -315,5 +327,6 @@ def tpo_loss(
             "reward_rejected": reward_rejected.detach().mean(),
             "reward_margin": margin.detach().mean(),
             "accuracy": (margin.detach() > 0).to(margin.dtype).mean(),
+            "chosen_drop": drop.detach().mean(),
         }
     return loss, stats

@@ -34,6 +34,11 @@ class TPOConfig(LearnerConfig):
 
     beta: float = 0.1
     """Inverse temperature of the preference loss (GRAPE: 0.1)."""
+    chosen_penalty: float = 0.0
+    """DPO-Positive's ``lambda``: every nat of log-likelihood a chosen trajectory loses against the reference
+    counts this much against its pair's margin (:func:`tpo_loss`); 0 is GRAPE's loss. Pure TPO on a flow policy's
+    denoising chains widens the margin by making both trajectories less likely, the chosen one included, which
+    moves the policy away from what succeeded (docs/training.md, GRAPE)."""
     lr: float = 1e-5
     """Learning rate of the policy parameters (AdamW)."""
     epochs: int = 4
@@ -55,6 +60,8 @@ class TPOConfig(LearnerConfig):
                 raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"algo.lr must be > 0, got {self.lr}")
+        if not self.chosen_penalty >= 0:
+            raise ValueError(f"algo.chosen_penalty must be >= 0, got {self.chosen_penalty}")
 
     def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
         return dataclasses.replace(self, epochs=1, states_per_iter=1), min(num_envs, limits.max_envs)
@@ -121,7 +128,7 @@ class TPOLearner(Learner):
                 lr = torch.stack([trajectory_logp(self.policy, p.rejected) for p in pairs])
                 rc = torch.stack([ref[id(p.chosen)] for p in pairs]).to(lc)
                 rr = torch.stack([ref[id(p.rejected)] for p in pairs]).to(lr)
-                loss, stats = tpo_loss(lc, lr, rc, rr, self.cfg.beta)
+                loss, stats = tpo_loss(lc, lr, rc, rr, self.cfg.beta, self.cfg.chosen_penalty)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
