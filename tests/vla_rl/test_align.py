@@ -80,6 +80,19 @@ def test_resume_after_a_kill_between_rounds_matches_an_uninterrupted_run(tmp_pat
     assert json.loads((full / "report.json").read_text())["after"] == resumed["after"]
 
 
+def test_a_checkpoint_aligns_with_the_sampler_given_on_the_command_line(tmp_path: Path):
+    """``--policy.path`` with ``--policy.sampler.noise_level``: the rounds sample with that noise, not the saved one."""
+    args = [*TOY, "--rounds", "1", "--env.obs_mode", "state", "--env.wrist_camera", "false", "--save_dataset", "false"]
+    first = tmp_path / "first"
+    run(["align", *args, "--run_dir", str(first)])
+    saved = first / "checkpoints" / (first / "checkpoints" / "latest").read_text().strip() / "policy"
+    assert json.loads((saved / "config.json").read_text())["sampler"]["noise_level"] == 0.5
+    second = tmp_path / "second"
+    run(["align", *args, "--policy.path", str(saved), "--policy.sampler.noise_level", "0.125", "--run_dir", str(second)])
+    latest = second / "checkpoints" / (second / "checkpoints" / "latest").read_text().strip() / "policy"
+    assert json.loads((latest / "config.json").read_text())["sampler"]["noise_level"] == 0.125
+
+
 def test_a_round_without_pairs_is_reported_and_skipped(tmp_path: Path, capsys):
     i = TOY.index("--grape.require_both_outcomes")
     args = TOY[:i] + TOY[i + 2 :]  # GRAPE's default: pair only states with successes and failures

@@ -192,9 +192,7 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
         eval_env = env_cfg.make(seed=EVAL_SEED_BASE + cfg.seed * SEED_BLOCK)
         if resume_from is not None:
             policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)
-        elif cfg.policy.path:
-            policy = load_policy(cfg.policy.path)
-        else:
+        else:  # a checkpoint at policy.path loads with --policy.sampler (which starts from the saved one)
             policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
         learner = TPOLearner(cfg.tpo, policy)
         reward = RewardConfig(terms={"env": 1.0, **dict.fromkeys(costs, 0.0)})  # costs recorded, reward unchanged
