@@ -171,6 +171,8 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=None, help="parent folder of the run folders (default: new)")
     parser.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--merge", action="store_true", help="keep the rows of --results for the seeds and "
+                        "objectives this run does not measure (a benchmark run in parts); default: replace the file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = args.runs or ROOT / "runs" / f"bench-grape-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -184,6 +186,8 @@ def main() -> None:
         for seed in args.seeds:
             base = runs / f"seed{seed}"
             rows.append(row(seed, objective, align(seed, objective, policies[seed], base, args.episodes, extra)))
+            rows[-1].update(align_args=extra, pretrained=str(policies[seed]),
+                            load_average=round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None)
             print(json.dumps(rows[-1], default=str), flush=True)
             publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)  # what is done so far survives a kill
             if objective == "task" and args.ppo:
@@ -194,10 +198,19 @@ def main() -> None:
 def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]],
             pre_walls: dict[int, float], extra: list[str], pre_extra: list[str]) -> None:
     """Write ``grape.json`` and (with ``--write``) the markdown section from the runs finished so far."""
+    if args.merge and args.results.exists():
+        old = json.loads(args.results.read_text())
+        mine = {(r["seed"], r["objective"]) for r in rows}
+        rows = sorted([r for r in old.get("runs", []) if (r["seed"], r["objective"]) not in mine] + rows,
+                      key=lambda r: (["task", "safety", "efficiency"].index(r["objective"])
+                                     if r["objective"] in ("task", "safety", "efficiency") else 3, r["seed"]))
+        ppo_rows = {**{int(k): v for k, v in old.get("ppo", {}).items()}, **ppo_rows}
+        pre_walls = {**{int(k): v for k, v in old.get("pretrain_wall_seconds", {}).items()}, **pre_walls}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     conditions = (f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch {torch.__version__}, "
                   f"no GPU, OMP_NUM_THREADS=1, load average {load:.1f} at the end")
-    result = {"seeds": args.seeds, "episodes": args.episodes, "objectives": args.objectives, "align_args": extra,
+    result = {"seeds": sorted({r["seed"] for r in rows}), "episodes": args.episodes,
+              "objectives": sorted({r["objective"] for r in rows}), "align_args": extra,
               "pretrain_args": pre_extra, "pretrain_wall_seconds": pre_walls, "runs": rows, "ppo": ppo_rows,
               "conditions": conditions}
     args.results.parent.mkdir(parents=True, exist_ok=True)
