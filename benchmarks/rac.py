@@ -3,9 +3,9 @@
     OMP_NUM_THREADS=1 python benchmarks/rac.py [--seeds 0 1 2] [--eval-episodes 400] [--budget 1200]
         [--write docs/benchmarks.md]
 
-Per seed, from one pre-trained policy (compact flow policy on the 64x64 front camera + proprioception,
-pre-trained with ``vla_rl.sft.pretrain`` on ``--demos`` noisy scripted-expert episodes), three arms
-spend the same operator budget (``--budget`` env steps controlled by the operator) and the same number of
+Per seed, from one pre-trained policy, the quickstart's recipe on this task (``vla-rl quickstart --env.id
+mujoco/pick-place-stack --iterations 0``: the compact flow policy on the front and wrist cameras, pre-trained on
+``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``), three arms spend the same operator budget (``--budget`` env steps controlled by the operator) and the same number of
 gradient steps:
 
 - ``rac``: ``--rounds`` rounds of the RaC learner (``--algo.type rac``): the current policy runs with the
@@ -30,9 +30,10 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 import platform
+import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,34 +46,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_report import write_json, write_section  # noqa: E402
 
 from policies.base import ActMode  # noqa: E402
-from sim import make_env  # noqa: E402
+from policies.loading import load_policy  # noqa: E402
 from vla_rl.algorithms.base import IterationInputs  # noqa: E402
 from vla_rl.algorithms.rac import RaCLearner, RaCLearnerConfig  # noqa: E402
 from vla_rl.data import collect_demos, load_chunks, policy_inputs  # noqa: E402
 from vla_rl.evaluation import evaluate_policy, wilson_interval  # noqa: E402
 from vla_rl.intervention.operator import OperatorConfig  # noqa: E402
 from vla_rl.intervention.session import PassiveController, run_session, tabletop_progress  # noqa: E402
-from vla_rl.policy_factory import build_policy_from_fields, spec_fields  # noqa: E402
+from vla_rl.config import EnvConfig  # noqa: E402
 from vla_rl.rollout import RolloutEngine  # noqa: E402
-from vla_rl.sft import SFTConfig, pretrain  # noqa: E402
 
 ENV_ID = "mujoco/pick-place-stack"
 SECTION = "## RaC: recovery and correction vs more demos vs DAgger"
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SEED = 9_000_000  # held-out episodes: far from demo, round and scaling seeds
-POLICY = {"width": 64, "heads": 4, "chunk_size": 4, "prefix_layers": 1, "expert_layers": 2,
-          "text_encoder": "hashed", "text_buckets": 256, "value_hidden": 32, "noise_hidden": 32}
 ARMS = ("rac", "dagger", "demos")
 
 
-def build_policy(spec: Any) -> Any:
-    return build_policy_from_fields("compact-flow", dict(POLICY), spec_fields(spec))
+def make_env(num_envs: int, seed: int) -> Any:
+    """The task as the quickstart's recipe sees it: rendered front and wrist cameras."""
+    return EnvConfig(id=ENV_ID, num_envs=num_envs, obs_mode="rgb", wrist_camera=True).make(seed=seed)
+
+
+def pretrain(seed: int, args: argparse.Namespace, work: Path) -> tuple[Any, Path]:
+    """The quickstart's pre-trained policy on the task (demos cached in ``work/demos``) and its demo dataset."""
+    run_dir = work / "pretrain"
+    if not (run_dir / "sft_policy" / "config.json").exists():
+        cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--env.id", ENV_ID, "--iterations", "0",
+               "--demos", str(args.demos), "--sft.episodes", str(args.demos), "--sft.steps", str(args.pretrain_steps),
+               "--eval_episodes", "1", "--seed", str(seed), "--run_dir", str(run_dir),
+               "--demo_cache", str(work / "demos"), "--logging.wandb", "false",
+               *(["--resume", "true"] if run_dir.exists() else [])]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    demos = [d for d in sorted((work / "demos").glob(f"*-n{args.demos}-*-s{seed}")) if d.is_dir()]
+    if not demos:
+        raise FileNotFoundError(f"no demo dataset for seed {seed} under {work / 'demos'}")
+    return load_policy(run_dir / "sft_policy"), demos[0]
 
 
 def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: Path, work: Path) -> dict[str, Any]:
     """Spend the arm's operator budget and fine-tune ``policy`` in place; returns the arm's counts."""
     t0 = time.perf_counter()
-    env = make_env(ENV_ID, num_envs=args.envs, seed=seed * 1000 + 500, obs_mode="rgb")
+    env = make_env(args.envs, seed * 1000 + 500)
     rounds = args.rounds if arm != "demos" else 1
     steps = args.finetune_steps // rounds
     cfg = RaCLearnerConfig(
@@ -116,13 +132,13 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
 
 def evaluate(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    env = make_env(ENV_ID, num_envs=args.envs, seed=EVAL_SEED + seed, obs_mode="rgb")
+    env = make_env(args.envs, EVAL_SEED + seed)
     res = evaluate_policy(env, policy, args.eval_episodes, EVAL_SEED + seed, desc="eval")
     env.close()
     out = {"episodes": res.episodes, "success": res.success_rate, "ci": [res.ci_low, res.ci_high],
            "eval_wall_s": time.perf_counter() - t0}
     if args.scaling_episodes:
-        env = make_env(ENV_ID, num_envs=args.envs, seed=EVAL_SEED // 2 + seed, obs_mode="rgb")
+        env = make_env(args.envs, EVAL_SEED // 2 + seed)
 
         def act(obs: dict) -> torch.Tensor:
             return policy.act(obs, ActMode.EVAL).actions
@@ -139,17 +155,11 @@ def evaluate(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    env = make_env(ENV_ID, num_envs=args.envs, seed=seed * 1000, obs_mode="rgb")
-    demos = work / "demos"
-    got = collect_demos(env, demos, args.demos, "local/rac-bench-demos", action_noise=0.1, seed=seed)
-    args.demo_frames = got["frames"]
-    data = load_chunks(demos, policy_inputs(build_policy(env.spec)), POLICY["chunk_size"])
-    base = build_policy(env.spec)
-    env.close()
-    pretrain(base, data, SFTConfig(steps=args.pretrain_steps, batch_size=args.batch, lr=args.lr),
-             seed=seed)
+    base, demos = pretrain(seed, args, work)
+    frames = load_chunks(demos, policy_inputs(base), base.chunk_size)
+    args.demo_frames = len(frames)
     base.eval()
-    out: dict[str, Any] = {"seed": seed, "demo_frames": got["frames"], "pretrain_wall_s": time.perf_counter() - t0}
+    out: dict[str, Any] = {"seed": seed, "demo_frames": len(frames), "pretrain_wall_s": time.perf_counter() - t0}
     out["base"] = evaluate(base, args, seed)
     print(f"seed {seed}: pre-trained success {out['base']['success']:.3f}", flush=True)
     for arm in ARMS:
@@ -213,8 +223,8 @@ def report(summary: dict[str, Any]) -> str:
     lines = [
         f"`python benchmarks/rac.py {summary['command']}` ({summary['wall_s'] / 60:.1f} min, {summary['conditions']}).",
         "",
-        f"Task `{ENV_ID}` (64x64 front camera + proprioception), compact flow policy pre-trained on {a['demos']} noisy expert demos "
-        f"for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
+        f"Task `{ENV_ID}` (front and wrist cameras + proprioception), the quickstart's compact flow policy pre-trained "
+        f"on {a['demos']} noisy expert demos for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
         f"{a['finetune_steps']} gradient steps (batch {a['batch']}, demos mixed 1:1); RaC and DAgger in "
         f"{a['rounds']} rounds. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
         f"{a['operator_noise']}. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals.",
@@ -256,8 +266,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--eval-episodes", type=int, default=400)
     ap.add_argument("--scaling-episodes", type=int, default=200)
-    ap.add_argument("--demos", type=int, default=10)
-    ap.add_argument("--pretrain-steps", type=int, default=1500)
+    ap.add_argument("--demos", type=int, default=100, help="expert demos of the pre-training (noisy, the quickstart's)")
+    ap.add_argument("--pretrain-steps", type=int, default=3000)
     ap.add_argument("--budget", type=int, default=1200, help="operator-controlled env steps per arm")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--finetune-steps", type=int, default=1500)
@@ -268,14 +278,15 @@ def main() -> None:
     ap.add_argument("--operator-noise", type=float, default=0.05)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rac.json"))
     ap.add_argument("--write", default="")
+    ap.add_argument("--work", default="", help="folder of the runs (pre-training, demos, rounds; kept, so a second "
+                    "run reuses the pre-trained policies); default runs/bench-rac-<time>")
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     results = []
-    with tempfile.TemporaryDirectory(prefix="rac-bench-") as tmp:
-        for seed in args.seeds:
-            work = Path(tmp) / f"s{seed}"
-            results.append(run_seed(seed, args, work))
+    root = Path(args.work) if args.work else ROOT / "runs" / f"bench-rac-{time.strftime('%Y%m%d-%H%M%S')}"
+    for seed in args.seeds:
+        results.append(run_seed(seed, args, root / f"s{seed}"))
     pool = {arm: pooled(results, arm) for arm in ("base", *ARMS)}
     summary = {
         "command": " ".join(sys.argv[1:]), "args": vars(args), "seeds": results, "pooled": pool,
