@@ -254,9 +254,12 @@ def report(summary: dict[str, Any]) -> str:
 
 def verdict(pool: dict[str, Any]) -> str:
     rac, dem, dag = pool["rac"]["success"], pool["demos"]["success"], pool["dagger"]["success"]
+    steps = {arm: sum(pool[arm]["operator_steps"]) for arm in ARMS}
     better = rac > dem and rac > dag
     sep = pool["rac"]["ci"][0] > max(pool["demos"]["ci"][1], pool["dagger"]["ci"][1])
-    return (f"Verdict: RaC {rac:.3f} vs demos {dem:.3f} vs DAgger-style {dag:.3f} at equal operator steps: "
+    # the demos arm spends whole episodes, so it may stay below the budget the other arms fill
+    return (f"Verdict: RaC {rac:.3f} ({steps['rac']} operator steps) vs demos {dem:.3f} ({steps['demos']}) vs "
+            f"DAgger-style {dag:.3f} ({steps['dagger']}): "
             + ("RaC highest" + (" with non-overlapping intervals." if sep else ", but the intervals overlap.")
                if better else "RaC is not the highest in this run."))
 
