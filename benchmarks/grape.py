@@ -1,16 +1,19 @@
 """GRAPE alignment (``vla-rl align``) from the quickstart's pre-trained policy, per objective, next to PPO.
 
     OMP_NUM_THREADS=1 python benchmarks/grape.py [--seeds 0 1 2] [--episodes 400] \\
-        [--objectives task safety efficiency] [--write docs/benchmarks.md] [--ppo true] [-- ALIGN ARGS]
+        [--objectives task safety efficiency] [--pretrained DIR_WITH_{seed}] [--write docs/benchmarks.md] \\
+        [--ppo true] [--merge] [-- ALIGN ARGS]
 
-For each seed, in its own processes and a fresh run folder under ``--runs``:
+Every command runs in its own process, in run folders under ``--runs``:
 
-1. the quickstart's pre-trained policy recipe on ``mujoco/pick-any`` (``vla-rl quickstart --iterations 0``:
-   its demos and few-shot flow-matching pre-training, no RL);
-2. ``vla-rl align --preset align_<objective> --policy.path <that policy>`` per objective, evaluated before and
-   after on ``--episodes`` held-out episodes (95% Wilson intervals);
-3. with ``--ppo true``, PPO from the same policy with the quickstart's settings for as many env steps as the
-   ``task`` alignment took (``vla-rl quickstart --resume true --iterations K`` in a copy of step 1's folder).
+1. per seed, the quickstart's pre-trained policy recipe on ``mujoco/pick-any`` (``vla-rl quickstart
+   --iterations 0``: its demos and few-shot flow-matching pre-training, no RL), or the policy folder
+   ``--pretrained`` names for that seed (e.g. the ``sft_policy`` of a ``vla-rl quickstart --seed N`` run);
+2. objective by objective, every seed: ``vla-rl align --preset align_<objective> --policy.path <that policy>``,
+   evaluated before and after on ``--episodes`` held-out episodes (95% Wilson intervals);
+3. with ``--ppo true``, after each seed's ``task`` run, PPO from the same policy with the quickstart's settings
+   for as many env steps as that alignment took (``vla-rl quickstart --preset quickstart_ppo --resume true
+   --iterations K`` in a folder holding a copy of the policy).
 
 Targets (issue 17): ``task``: success after >= before + 0.15 per seed; ``safety``: collision rate down by >=
 40% relative with success not below the before interval; ``efficiency``: mean steps of successful episodes

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import os
 import platform
@@ -289,12 +290,23 @@ def main() -> None:
     results = []
     root = Path(args.work) if args.work else ROOT / "runs" / f"bench-rac-{time.strftime('%Y%m%d-%H%M%S')}"
     for seed in args.seeds:
-        results.append(run_seed(seed, args, root / f"s{seed}"))
+        done = root / f"s{seed}" / "result.json"  # a finished seed is kept: a second run reuses it
+        if done.exists():
+            print(f"seed {seed}: reusing {done}", flush=True)
+            results.append(json.loads(done.read_text()))
+        else:
+            results.append(run_seed(seed, args, root / f"s{seed}"))
+            write_json(done, results[-1], indent=2)
+        publish(results, args, time.perf_counter() - t0)  # what is done so far survives a kill
+
+
+def publish(results: list[dict[str, Any]], args: argparse.Namespace, wall: float) -> None:
+    """Write ``--out``, the scaling plot beside it and (with ``--write``) the markdown section."""
     pool = {arm: pooled(results, arm) for arm in ("base", *ARMS)}
     summary = {
         "command": " ".join(sys.argv[1:]), "args": vars(args), "seeds": results, "pooled": pool,
         "scaling": {arm: scaling(results, arm) for arm in ("base", *ARMS)}, "verdict": verdict(pool),
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": wall,
         "conditions": f"{platform.machine()}, {torch.get_num_threads()} torch thread, shared 2-CPU machine: wall "
                       "times are noisy",
     }
