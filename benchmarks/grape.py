@@ -45,6 +45,11 @@ SECTION = "## GRAPE alignment"
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "grape.json"
 PPO_STEPS_PER_ITER = 32 * 6 * 4  # the quickstart's PPO: 32 envs x 6 decisions x 4-step chunks
+OBJECTIVES = ("task", "safety", "efficiency")  # the presets configs/align_<objective>.yaml, in table order
+
+
+def _load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def _run(cmd: list[str], check: bool = True) -> float:
@@ -165,7 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=400, help="held-out episodes per evaluation")
-    parser.add_argument("--objectives", nargs="+", default=["task", "safety", "efficiency"])
+    parser.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=list(OBJECTIVES))
     parser.add_argument("--ppo", type=lambda s: s.lower() == "true", default=True,
                         help="also run PPO for the env steps of the task alignment (true/false)")
     parser.add_argument("--pretrain-args", default="", help="extra vla-rl quickstart arguments, one string")
@@ -190,7 +195,7 @@ def main() -> None:
             base = runs / f"seed{seed}"
             rows.append(row(seed, objective, align(seed, objective, policies[seed], base, args.episodes, extra)))
             rows[-1].update(align_args=extra, pretrained=str(policies[seed]),
-                            load_average=round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None)
+                            load_average=round(_load_average(), 1))
             print(json.dumps(rows[-1], default=str), flush=True)
             publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)  # what is done so far survives a kill
             if objective == "task" and args.ppo:
@@ -205,13 +210,11 @@ def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict
         old = json.loads(args.results.read_text())
         mine = {(r["seed"], r["objective"]) for r in rows}
         rows = sorted([r for r in old.get("runs", []) if (r["seed"], r["objective"]) not in mine] + rows,
-                      key=lambda r: (["task", "safety", "efficiency"].index(r["objective"])
-                                     if r["objective"] in ("task", "safety", "efficiency") else 3, r["seed"]))
+                      key=lambda r: (OBJECTIVES.index(r["objective"]), r["seed"]))
         ppo_rows = {**{int(k): v for k, v in old.get("ppo", {}).items()}, **ppo_rows}
         pre_walls = {**{int(k): v for k, v in old.get("pretrain_wall_seconds", {}).items()}, **pre_walls}
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     conditions = (f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch {torch.__version__}, "
-                  f"no GPU, OMP_NUM_THREADS=1, load average {load:.1f} at the end")
+                  f"no GPU, OMP_NUM_THREADS=1, load average {_load_average():.1f} at the end")
     result = {"seeds": sorted({r["seed"] for r in rows}), "episodes": args.episodes,
               "objectives": sorted({r["objective"] for r in rows}), "align_args": extra,
               "pretrain_args": pre_extra, "pretrain_wall_seconds": pre_walls, "runs": rows, "ppo": ppo_rows,

@@ -5,8 +5,9 @@
 
 Per seed, from one pre-trained policy, the quickstart's recipe on this task (``vla-rl quickstart --env.id
 mujoco/pick-place-stack --iterations 0``: the compact flow policy on the front and wrist cameras, pre-trained on
-``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``), three arms spend the same operator budget (``--budget`` env steps controlled by the operator) and the same number of
-gradient steps:
+``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``), three arms spend the same operator budget
+(``--budget`` env steps controlled by the operator; the demos arm whole episodes within it) and the same number
+of gradient steps:
 
 - ``rac``: ``--rounds`` rounds of the RaC learner (``--algo.type rac``): the current policy runs with the
   simulated operator (recovery, then correction; :mod:`vla_rl.intervention.operator`) until the round's share
@@ -50,7 +51,7 @@ from policies.base import ActMode  # noqa: E402
 from policies.loading import load_policy  # noqa: E402
 from vla_rl.algorithms.base import IterationInputs  # noqa: E402
 from vla_rl.algorithms.rac import RaCLearner, RaCLearnerConfig  # noqa: E402
-from vla_rl.data import collect_demos, load_chunks, policy_inputs  # noqa: E402
+from vla_rl.data import check_inputs, collect_demos, dataset_spec, load_chunks, policy_inputs  # noqa: E402
 from vla_rl.evaluation import evaluate_policy, wilson_interval  # noqa: E402
 from vla_rl.intervention.operator import OperatorConfig  # noqa: E402
 from vla_rl.intervention.session import PassiveController, run_session, tabletop_progress  # noqa: E402
@@ -157,10 +158,11 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     base, demos = pretrain(seed, args, work)
-    frames = load_chunks(demos, policy_inputs(base), base.chunk_size)
-    args.demo_frames = len(frames)
+    spec = dataset_spec(demos)  # the metadata: the learner reads the frames itself
+    check_inputs(spec, policy_inputs(base))
+    args.demo_frames = spec.frames
     base.eval()
-    out: dict[str, Any] = {"seed": seed, "demo_frames": len(frames), "pretrain_wall_s": time.perf_counter() - t0}
+    out: dict[str, Any] = {"seed": seed, "demo_frames": spec.frames, "pretrain_wall_s": time.perf_counter() - t0}
     out["base"] = evaluate(base, args, seed)
     print(f"seed {seed}: pre-trained success {out['base']['success']:.3f}", flush=True)
     for arm in ARMS:
