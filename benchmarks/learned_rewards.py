@@ -286,7 +286,7 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
     """The quickstart's pipeline on ``mujoco/multi`` (12 tasks: pick, push, stack), one pre-trained start, then
     one RL stage per task sampler at the same iterations (so the same env steps), each scored by the per-task
     protocol (``per_task`` episodes of every task, the headline is the mean over tasks)."""
-    from vla_rl.commands.quickstart import _quickstart_algo, _quickstart_env
+    from vla_rl.commands.quickstart import _quickstart_env
     from vla_rl.curriculum import TaskSamplingConfig
     from vla_rl.sft import SFTConfig
 
@@ -297,10 +297,13 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
         env = dataclasses.replace(_quickstart_env(), id="mujoco/multi", tasks=TaskSamplingConfig(sampler=sampler))
         run_dir = out / f"curriculum-{sampler}-s{seed}"
         t = time.perf_counter()
-        s = quickstart_run(seed, run_dir, None, iterations, 0, sft_from=first, preset="", env=env,
-                           per_task=per_task, eval_episodes=12 * per_task, demos=demos,
-                           sft=SFTConfig(steps=sft_steps, episodes=demos),
-                           algo=dataclasses.replace(_quickstart_algo(), min_buffer=min_buffer))
+        done = run_dir / "report.json"  # a finished run of the same length is kept (add samplers to a seed later)
+        s = json.loads(done.read_text()) if done.exists() else {}
+        if s.get("iterations") != iterations:
+            s = quickstart_run(seed, run_dir, None, iterations, 0, sft_from=first, preset="", env=env,
+                               per_task=per_task, eval_episodes=12 * per_task, demos=demos,
+                               sft=SFTConfig(steps=sft_steps, episodes=demos),
+                               algo={"min_buffer": min_buffer})
         first = first or run_dir
         logged = metrics(run_dir)
         rows[sampler] = {  # per_task protocol: success is the mean over tasks, the interval pooled (equal counts)
@@ -308,7 +311,7 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
             "after_ci": s["success_after_ci"], "episodes": s["episodes_per_eval"], "env_steps": s["env_steps"],
             "per_task_before": {t: r["success"] for t, r in s["per_task_before"].items()},
             "per_task_after": {t: r["success"] for t, r in s["per_task_after"].items()},
-            "gradient_steps": gradient_steps(logged), "wall_s": time.perf_counter() - t,
+            "gradient_steps": gradient_steps(logged), "wall_s": s.get("wall_seconds", time.perf_counter() - t),
             "curves": task_curves(logged)}
     base = rows.get("uniform")
     out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,

@@ -76,3 +76,27 @@ def test_reward_terms_from_the_command_line_or_a_preset_replace_the_default(tmp_
     assert parse_config(TrainConfig, ["--config_path", str(preset)]).reward.terms == {"success": 2.0}
     assert parse_config(TrainConfig, ["--config_path", str(preset), "--reward.terms", "{prm: 0.5}"]).reward.terms == {
         "prm": 0.5}
+
+
+def test_episodes_recorded_from_a_policy_folder_depend_on_the_seed_alone(tmp_path):
+    """A classifier's training and held-out episodes of an exploring policy are the same whatever ran before in
+    the process (the policy samples from a generator of ``--source.seed``, not torch's global RNG)."""
+    import torch
+
+    from rewards.learned.data import record_episodes
+    from sim import make_env
+    from vla_rl.commands.reward import _actor
+    from vla_rl.config import EnvConfig
+    from vla_rl.policy_factory import build_policy
+    from vla_rl.train_config import TrainConfig
+
+    torch.manual_seed(0)
+    with make_env("mujoco/pick-red", num_envs=2, image_size=32, max_episode_steps=8) as env:
+        cfg = TrainConfig(env=EnvConfig(id="mujoco/pick-red", image_size=32)).policy
+        build_policy(cfg, env.spec).save_pretrained(tmp_path / "policy")
+        runs = []
+        for global_seed, seed in ((1, 5), (2, 5), (1, 6)):
+            torch.manual_seed(global_seed)
+            episodes = record_episodes(env, _actor(str(tmp_path / "policy"), env, [], seed), 2, seed=3)
+            runs.append(torch.cat([e.obs["observation.state"] for e in episodes]))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])

@@ -123,7 +123,12 @@ def _actor(name: str, env: Any, noise: list[float], seed: int) -> Any:
 
     policy = load_policy(name)
     policy.eval()
-    return lambda obs: policy.act(obs, ActMode.EXPLORE).actions
+    gen = torch.Generator().manual_seed(seed)  # its own stream: the episodes depend on the seed alone
+
+    @torch.inference_mode()
+    def explore(obs: Any) -> torch.Tensor:
+        return policy.act(obs, ActMode.EXPLORE, generator=gen).actions
+    return explore
 
 
 def load_episodes(env_cfg: EnvConfig, source: EpisodeSourceConfig, keys: list[str] | None,
