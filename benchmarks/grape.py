@@ -131,7 +131,13 @@ def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
     if not sb or not sa:
         return False, "no successful episodes to measure steps on"
     rel = (sa - sb) / sb
-    return (rel <= -0.10 and kept), f"steps of successes {sb:.1f} -> {sa:.1f} ({rel:+.0%})"
+    what = f"steps of successes {sb:.1f} -> {sa:.1f} ({rel:+.0%})"
+    from vla_rl.grape import shared_success_steps
+
+    states, pb, pa = shared_success_steps(b, a)
+    if states:  # a diagnostic beside the measure, which the verdict keeps
+        what += f"; on the {states} states solved before and after {pb:.1f} -> {pa:.1f} ({(pa - pb) / pb:+.0%})"
+    return (rel <= -0.10 and kept), what
 
 
 def row(seed: int, objective: str, r: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from sim.dataset import EpisodeRecorder
 from sim.video import VideoWriter
 from vla_core.manifest import fsync_file, write_text_atomic
 from vla_rl.data.preferences import PreferencePair, Trajectory
+from vla_rl.grape import shared_success_steps
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -159,6 +160,9 @@ def write_align_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[s
         lines.append(f"| collision rate (episodes) | {b['collision_rate']:.3f} | {a['collision_rate']:.3f} |")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines.append(f"| mean steps of successes | {fmt(b['mean_steps_success'])} | {fmt(a['mean_steps_success'])} |")
+    states, sb, sa = shared_success_steps(b, a)
+    if states:
+        lines.append(f"| mean steps of successes, the {states} states solved before and after | {fmt(sb)} | {fmt(sa)} |")
     for cost in b["costs"]:
         lines.append(f"| cost `{cost}` (mean per episode) | {b['costs'][cost]:.4f} | {a['costs'][cost]:.4f} |")
     skipped = [r["round"] for r in rows if r.get("skipped")]

@@ -258,7 +258,8 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
 
 def summarize(trajs: list[Trajectory], costs: list[str]) -> dict[str, Any]:
     """Success rate with its 95% Wilson interval, each cost's mean per episode, the collision rate (episodes
-    with any collision step) and the mean steps of successful episodes."""
+    with any collision step), the mean steps of successful episodes, and each episode's seed, success and
+    steps (``per_episode``: what :func:`shared_success_steps` pairs two evaluations by)."""
     n = len(trajs)
     wins = sum(t.success for t in trajs)
     lo, hi = wilson_interval(wins, n)
@@ -269,4 +270,28 @@ def summarize(trajs: list[Trajectory], costs: list[str]) -> dict[str, Any]:
     steps = [t.steps for t in trajs if t.success]
     out["mean_steps_success"] = sum(steps) / len(steps) if steps else None
     out["mean_steps"] = sum(t.steps for t in trajs) / n if n else 0.0
+    out["per_episode"] = {"seed": [int(t.seed) for t in trajs], "success": [bool(t.success) for t in trajs],
+                          "steps": [int(t.steps) for t in trajs]}
     return out
+
+
+def shared_success_steps(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, float | None, float | None]:
+    """``(states, mean steps before, mean steps after)`` over the initial states (seeds) that both evaluations
+    (:func:`summarize` outputs) solved.
+
+    The mean steps of successful episodes mixes two effects when success changes: a policy that also solves
+    harder states, which take longer, raises it even if it got faster on every state it solved before. On
+    the states solved both times it measures speed alone. ``(0, None, None)`` when no state was solved
+    twice or an evaluation has no ``per_episode`` record (reports written before it existed).
+    """
+    solved = []
+    for ev in (before, after):
+        rec = ev.get("per_episode")
+        if not rec:
+            return 0, None, None
+        solved.append({seed: steps for seed, ok, steps in zip(rec["seed"], rec["success"], rec["steps"]) if ok})
+    shared = sorted(set(solved[0]) & set(solved[1]))
+    if not shared:
+        return 0, None, None
+    return (len(shared), sum(solved[0][k] for k in shared) / len(shared),
+            sum(solved[1][k] for k in shared) / len(shared))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vla_rl.data.preferences import Trajectory, select_pairs, write_pairs_table
-from vla_rl.grape import ScoreConfig, score_trajectory
+from vla_rl.grape import ScoreConfig, score_trajectory, shared_success_steps, summarize
 
 
 def _t(tid: int, state: int, score: float, success: bool, **costs: list[float]) -> Trajectory:
@@ -64,3 +64,18 @@ def test_single_outcome_states_pair_by_score_when_both_outcomes_are_not_required
     assert select_pairs(trajs, 1) == []
     pairs = select_pairs(trajs, 1, require_both_outcomes=False)
     assert [(p.chosen.id, p.rejected.id) for p in pairs] == [(1, 0)]
+
+
+def test_steps_on_states_solved_by_both_evaluations_separate_speed_from_harder_states():
+    def traj(state: int, success: bool, steps: int) -> Trajectory:
+        return Trajectory(id=state, state=state, seed=100 + state, obs={}, actions=torch.zeros(1, 1, 1), extras={},
+                          logp=torch.zeros(1), success=success, steps=steps, costs={}, stage_costs={})
+
+    # before: states 0 and 1 solved in 20 steps; after: both in 15, and the hard state 2 too, in 60
+    before = summarize([traj(0, True, 20), traj(1, True, 20), traj(2, False, 80)], [])
+    after = summarize([traj(0, True, 15), traj(1, True, 15), traj(2, True, 60)], [])
+    assert after["per_episode"] == {"seed": [100, 101, 102], "success": [True, True, True], "steps": [15, 15, 60]}
+    assert after["mean_steps_success"] == 30.0 > before["mean_steps_success"]  # the plain mean says slower
+    assert shared_success_steps(before, after) == (2, 20.0, 15.0)  # on the same states: faster
+    assert shared_success_steps(before, summarize([traj(0, False, 80)], [])) == (0, None, None)
+    assert shared_success_steps({"success": 0.5}, after) == (0, None, None)  # a report without per-episode records
