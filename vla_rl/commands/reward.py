@@ -43,7 +43,7 @@ class EpisodeSourceConfig:
     """Recording the expert: Gaussian noise std added to its actions, per env cycling through this list, so
     the episodes include failures and near misses (a classifier needs both outcomes)."""
     seed: int = 0
-    """Reset seed of the recording env and of the action noise."""
+    """Reset seed of the recording env and of the action noise (the expert's, or a policy's exploration)."""
 
 
 @dataclass
