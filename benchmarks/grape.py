@@ -187,8 +187,14 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--merge", action="store_true", help="keep the rows of --results for the seeds and "
                         "objectives this run does not measure (a benchmark run in parts); default: replace the file")
+    parser.add_argument("--rescore", action="store_true", help="run nothing new: add per-episode records to the "
+                        "finished runs under --runs whose reports lack them (re-evaluating their starting and final "
+                        "policies), then re-derive the rows of --results for --seeds / --objectives")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.rescore:
+        rescore(args)
+        return
     runs = args.runs or ROOT / "runs" / f"bench-grape-{time.strftime('%Y%m%d-%H%M%S')}"
     pre_extra = args.pretrain_args.split()
     rows, ppo_rows, pre_walls = [], {}, {}
@@ -209,9 +215,48 @@ def main() -> None:
                 publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)
 
 
+def rescore(args: argparse.Namespace) -> None:
+    """``--rescore``: per-episode records for finished runs (:func:`vla_rl.commands.align.evaluate_policy_folder`
+    on each run's starting policy and last checkpoint, with the run's own config), so that verdicts can use them
+    (the efficiency row's steps on states solved before and after). Evaluation is deterministic: a fresh
+    evaluation that does not reproduce the report's success stops the rescore. Rows keep their wall times."""
+    from vla_rl.cli import parse_config
+    from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
+
+    if args.runs is None or not args.results.exists():
+        raise SystemExit("--rescore needs --runs (the run folders) and an existing --results file")
+    old = json.loads(args.results.read_text())
+    for r in old["runs"]:
+        if r["seed"] not in args.seeds or r["objective"] not in args.objectives:
+            continue
+        run_dir = args.runs / f"seed{r['seed']}" / f"align-{r['objective']}"
+        report = json.loads((run_dir / "report.json").read_text())
+        last = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+        for side, policy in (("before", report["policy"]), ("after", last / "policy")):
+            if "per_episode" in report[side]:
+                continue
+            cfg = parse_config(AlignConfig, ["--config_path", str(last / "config.json"), "--policy.path", str(policy)])
+            ev = evaluate_policy_folder(cfg, report[side]["episodes"])
+            if abs(ev["success"] - report[side]["success"]) > 1e-9:
+                raise RuntimeError(f"{run_dir} {side}: re-evaluated success {ev['success']} is not the report's "
+                                   f"{report[side]['success']}: not the same evaluation, per-episode records not added")
+            report[side]["per_episode"] = ev["per_episode"]
+            write_json(run_dir / "report.json", report, indent=2)
+        new = row(r["seed"], r["objective"], {**report, "wall": r["wall_seconds"]})
+        r.update(target_met=new["target_met"], measured=new["measured"])
+        print(f"seed {r['seed']} {r['objective']}: {r['measured']}", flush=True)
+    args.episodes = old["episodes"]
+    publish(args, old["runs"], {int(k): v for k, v in old.get("ppo", {}).items()},
+            {int(k): v for k, v in old.get("pretrain_wall_seconds", {}).items()}, old.get("align_args", []),
+            old.get("pretrain_args", []), command=old.get("command"), conditions=old.get("conditions"))
+
+
 def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]],
-            pre_walls: dict[int, float], extra: list[str], pre_extra: list[str]) -> None:
-    """Write ``grape.json`` and (with ``--write``) the markdown section from the runs finished so far."""
+            pre_walls: dict[int, float], extra: list[str], pre_extra: list[str], command: str | None = None,
+            conditions: str | None = None) -> None:
+    """Write ``grape.json`` and (with ``--write``) the markdown section from the runs finished so far;
+    ``command`` / ``conditions``: the benchmark command and machine of the rows (default: this run's)."""
+    cmd = command or " ".join(["python benchmarks/grape.py", *sys.argv[1:]])
     if args.merge and args.results.exists():
         old = json.loads(args.results.read_text())
         mine = {(r["seed"], r["objective"]) for r in rows}
@@ -219,15 +264,15 @@ def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict
                       key=lambda r: (OBJECTIVES.index(r["objective"]), r["seed"]))
         ppo_rows = {**{int(k): v for k, v in old.get("ppo", {}).items()}, **ppo_rows}
         pre_walls = {**{int(k): v for k, v in old.get("pretrain_wall_seconds", {}).items()}, **pre_walls}
-    conditions = (f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch {torch.__version__}, "
-                  f"no GPU, OMP_NUM_THREADS=1, load average {_load_average():.1f} at the end")
+    conditions = conditions or (f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch "
+                                f"{torch.__version__}, no GPU, OMP_NUM_THREADS=1, load average "
+                                f"{_load_average():.1f} at the end")
     result = {"seeds": sorted({r["seed"] for r in rows}), "episodes": args.episodes,
               "objectives": sorted({r["objective"] for r in rows}), "align_args": extra,
               "pretrain_args": pre_extra, "pretrain_wall_seconds": pre_walls, "runs": rows, "ppo": ppo_rows,
-              "conditions": conditions}
+              "conditions": conditions, "command": cmd}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.results, result, indent=2)
-    cmd = " ".join(["python benchmarks/grape.py", *sys.argv[1:]])
     body = "\n".join([
         f"`{cmd}`: `vla-rl align` (presets `align_<objective>`{', plus ' + ' '.join(extra) if extra else ''}) from "
         "the quickstart's pre-trained policy on `mujoco/pick-any` (`vla-rl quickstart --iterations 0`), per seed and "

@@ -164,7 +164,9 @@ def parse_config(config_class: type, args: Sequence[str], prog: str | None = Non
     layered = _merge(_merge(base, _checkpoint_sampler(base, preset or {}, args)), preset or {})
     _replace_mappings(config_class, layered, preset or {}, args)
     with tempfile.TemporaryDirectory(prefix="vla-rl-config-") as tmp:
-        merged = Path(tmp) / (Path(config_path).name if config_path else "defaults.yaml")
+        # written as YAML (which also reads a JSON file, e.g. a checkpoint's config.json); draccus picks its
+        # parser by the suffix, so the merged file is .yaml whatever the given file was
+        merged = Path(tmp) / (f"{Path(config_path).stem}.yaml" if config_path else "defaults.yaml")
         merged.write_text(yaml.safe_dump(layered, sort_keys=False))
         try:
             parser = draccus.argparsing.ArgumentParser(config_class=config_class, config_path=str(merged), prog=prog,

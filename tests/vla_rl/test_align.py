@@ -164,3 +164,18 @@ def test_align_toy_run_on_libero_with_tiny_pi0(tmp_path: Path):
 def test_align_toy_run_with_the_autoregressive_policy(tmp_path: Path):
     _backend_toy(tmp_path, "ar", "--preset", "align_task", "--policy.type", "openvla-style", "--env.image_size", "32",
                  "--env.max_episode_steps", "8", "--save_dataset", "false")
+
+
+def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_episode(tmp_path: Path):
+    """``evaluate_policy_folder`` (``benchmarks/grape.py --rescore``) plays the run's held-out episodes again."""
+    from vla_rl.cli import parse_config
+    from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
+
+    out = tmp_path / "run"
+    run(["align", "--preset", "align_efficiency", *TOY, "--rounds", "1", "--run_dir", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    last = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+    cfg = parse_config(AlignConfig, ["--config_path", str(last / "config.json"), "--policy.path", str(last / "policy")])
+    again = evaluate_policy_folder(cfg)
+    assert again["per_episode"] == report["after"]["per_episode"] and again["success"] == report["after"]["success"]
+    assert len(again["per_episode"]["seed"]) == 4 == len(set(again["per_episode"]["seed"]))

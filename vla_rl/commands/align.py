@@ -159,6 +159,32 @@ class _Run:
         return summarize(trajs, costs)
 
 
+def evaluate_policy_folder(cfg: AlignConfig, episodes: int = 0) -> dict[str, Any]:
+    """Align's held-out evaluation of the checkpoint ``cfg.policy.path`` alone, without rounds: the env, the seeds
+    (``cfg.seed``) and the costs a run of ``cfg`` evaluates with, so the result compares with that run's
+    ``before`` / ``after`` (:func:`vla_rl.grape.summarize`; ``episodes`` 0 = ``cfg.eval_episodes``).
+    ``benchmarks/grape.py --rescore`` uses it to add ``per_episode`` records to reports written before they
+    existed: the starting policy reproduces its report's numbers, since evaluation is deterministic.
+
+    Raises:
+        ConfigError: without ``policy.path``, or for a cost the env cannot report.
+    """
+    if not cfg.policy.path:
+        raise ConfigError("policy.path: the checkpoint folder to evaluate")
+    env_cfg = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path)
+    seed_everything(cfg.seed)
+    with env_cfg.make() as env:
+        try:
+            costs = check_scoring(env, cfg.grape.score, cfg.seed)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    with env_cfg.make(seed=EVAL_SEED_BASE + cfg.seed * SEED_BLOCK) as eval_env:
+        policy = build_policy(cfg.policy, eval_env.spec)
+        reward = RewardConfig(terms={"env": 1.0, **dict.fromkeys(costs, 0.0)})
+        engine = RolloutEngine(eval_env, policy, cfg.exec_steps, use_critic=False, reward=reward)
+        return _Run(cfg, Path(".")).evaluate(engine, episodes or cfg.eval_episodes, costs)
+
+
 def run_align(cfg: AlignConfig) -> dict[str, Any]:
     """Run the rounds (module doc); returns the ``report.json`` content.
 
