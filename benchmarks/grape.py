@@ -17,8 +17,13 @@ Every command runs in its own process, in run folders under ``--runs``:
 
 Targets (issue 17): ``task``: success after >= before + 0.15 per seed; ``safety``: collision rate down by >=
 40% relative with success not below the before interval; ``efficiency``: mean steps of successful episodes
-down by >= 10% with success not below the before interval. Writes ``benchmarks/results/grape.json`` and, with
+down by >= 10% with success not below the before interval (the efficiency row also shows those steps on the
+states solved before and after, a diagnostic). Writes ``benchmarks/results/grape.json`` and, with
 ``--write FILE``, the section ``## GRAPE alignment`` of that markdown file.
+
+``--rescore --runs DIR [--seeds ...] [--objectives ...]`` runs no alignment: it re-evaluates the starting and
+final policies of finished runs whose reports predate per-episode records, adds the records and re-derives
+those rows of ``grape.json``.
 """
 
 from __future__ import annotations
