@@ -475,6 +475,21 @@ def render(results: dict[str, Any]) -> str:
                            f"{_ci(a['after_ci'])} | {diff} | {a['env_steps']:,} | {a.get('gradient_steps', '-')} | "
                            f"{a['wall_s']:.0f} |")
         samplers = list(first["arms"])
+        if len(rows) > 1:  # pooled over seeds: equal episodes per task and seed, so the pooled rate is the mean
+            out += ["", f"Pooled over seeds {', '.join(s for s, _ in rows)} (mean over tasks and seeds, 95% Wilson "
+                    "interval of the pooled episodes; *seeds above uniform*: seeds whose mean is higher):", "",
+                    "| sampler | after [95% CI] | vs uniform | seeds above uniform | episodes |", "|---|---|---:|---|---:|"]
+            for sampler in samplers:
+                arms = [r["arms"][sampler] for _, r in rows if sampler in r["arms"]]
+                n = sum(a["episodes"] for a in arms)
+                wins = round(sum(a["after"] * a["episodes"] for a in arms))
+                lo, hi = wilson_interval(wins, n)
+                bases = [r["arms"]["uniform"]["after"] for _, r in rows if sampler in r["arms"] and "uniform" in r["arms"]]
+                mine = [a["after"] for a in arms]
+                diff = f"{sum(mine) / len(mine) - sum(bases) / len(bases):+.3f}" if sampler != "uniform" and bases else "-"
+                above = (f"{sum(m > b for m, b in zip(mine, bases))} of {len(bases)}"
+                         if sampler != "uniform" and len(bases) == len(mine) else "-")
+                out.append(f"| {sampler} | {wins / n:.3f} [{lo:.2f}-{hi:.2f}] | {diff} | {above} | {n} |")
         tasks = list(first["arms"][samplers[0]]["per_task_after"])
         out += ["", "Per task, mean over seeds of held-out success (before RL, then after each sampler's RL stage):", "",
                 "| task | before | " + " | ".join(samplers) + " |", "|---|---:|" + "---:|" * len(samplers)]
