@@ -273,7 +273,7 @@ def test_tpo_loss_chosen_penalty_hand_computed() -> None:
     # pair 1's chosen gets the DPO pull plus lambda times it: -beta (1 + lambda) sigmoid(-(0 - .2)) / 2
     torch.testing.assert_close(logp_w.grad[1], t64(-0.1 * 5.0 / (1 + math.exp(-0.2)) / 2))
     plain, _ = tpo_loss(logp_w.detach(), logp_l, ref_w, ref_l, 0.1)
-    assert float(plain) < float(loss)
+    assert float(plain) < float(loss.detach())
     with pytest.raises(ValueError, match="chosen_penalty must be >= 0"):
         tpo_loss(logp_w, logp_l, ref_w, ref_l, 0.1, chosen_penalty=-1.0)
 
