@@ -123,6 +123,8 @@ def ppo(seed: int, policy: Path, base: Path, env_steps: int, episodes: int, extr
 
 def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
     """Whether the run meets issue 17's target for ``objective``, and the measured quantity."""
+    from vla_rl.grape import shared_success_steps
+
     b, a = r["before"], r["after"]
     kept = a["success"] >= b["success_ci"][0]
     if objective == "task":
@@ -137,8 +139,6 @@ def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
         return False, "no successful episodes to measure steps on"
     rel = (sa - sb) / sb
     what = f"steps of successes {sb:.1f} -> {sa:.1f} ({rel:+.0%})"
-    from vla_rl.grape import shared_success_steps
-
     states, pb, pa = shared_success_steps(b, a)
     if states:  # a diagnostic beside the issue's measure, which the verdict keeps
         what += f"; on the {states} states solved before and after {pb:.1f} -> {pa:.1f} ({(pa - pb) / pb:+.0%})"

@@ -296,7 +296,6 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
     for sampler in samplers:
         env = dataclasses.replace(_quickstart_env(), id="mujoco/multi", tasks=TaskSamplingConfig(sampler=sampler))
         run_dir = out / f"curriculum-{sampler}-s{seed}"
-        t = time.perf_counter()
         done = run_dir / "report.json"  # a finished run of the same length is kept (add samplers to a seed later)
         s = json.loads(done.read_text()) if done.exists() else {}
         if s.get("iterations") != iterations:
@@ -311,7 +310,7 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
             "after_ci": s["success_after_ci"], "episodes": s["episodes_per_eval"], "env_steps": s["env_steps"],
             "per_task_before": {t: r["success"] for t, r in s["per_task_before"].items()},
             "per_task_after": {t: r["success"] for t, r in s["per_task_after"].items()},
-            "gradient_steps": gradient_steps(logged), "wall_s": s.get("wall_seconds", time.perf_counter() - t),
+            "gradient_steps": gradient_steps(logged), "wall_s": s["wall_seconds"],
             "curves": task_curves(logged)}
     base = rows.get("uniform")
     out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,

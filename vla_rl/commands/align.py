@@ -28,10 +28,11 @@ import draccus
 import torch
 from tqdm import tqdm
 
-from policies.base import ActMode
+from policies.base import ActMode, Policy
 from policies.io import checkpoint_cameras
 from policies.loading import load_policy
 from rewards import RewardConfig
+from sim.core import VecEnv
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.tpo import TPOConfig, TPOLearner
@@ -171,18 +172,39 @@ def evaluate_policy_folder(cfg: AlignConfig, episodes: int = 0) -> dict[str, Any
     """
     if not cfg.policy.path:
         raise ConfigError("policy.path: the checkpoint folder to evaluate")
-    env_cfg = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path)
+    env_cfg = _env_config(cfg)
     seed_everything(cfg.seed)
     with env_cfg.make() as env:
-        try:
-            costs = check_scoring(env, cfg.grape.score, cfg.seed)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    with env_cfg.make(seed=EVAL_SEED_BASE + cfg.seed * SEED_BLOCK) as eval_env:
-        policy = build_policy(cfg.policy, eval_env.spec)
-        reward = RewardConfig(terms={"env": 1.0, **dict.fromkeys(costs, 0.0)})
-        engine = RolloutEngine(eval_env, policy, cfg.exec_steps, use_critic=False, reward=reward)
+        costs = _scoring_costs(env, cfg)
+    with _eval_env(env_cfg, cfg) as eval_env:
+        engine = _engine(eval_env, build_policy(cfg.policy, eval_env.spec), cfg, costs)
         return _Run(cfg, Path(".")).evaluate(engine, episodes or cfg.eval_episodes, costs)
+
+
+def _env_config(cfg: AlignConfig) -> EnvConfig:
+    """The env a run of ``cfg`` plays: ``cfg.env`` with the cameras of the checkpoint ``policy.path`` reads."""
+    return cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path) \
+        if cfg.policy.path else cfg.env
+
+
+def _eval_env(env_cfg: EnvConfig, cfg: AlignConfig) -> VecEnv:
+    """The held-out evaluation env, seeded apart from training (``cfg.seed``'s block of evaluation seeds)."""
+    return env_cfg.make(seed=EVAL_SEED_BASE + cfg.seed * SEED_BLOCK)
+
+
+def _scoring_costs(env: VecEnv, cfg: AlignConfig) -> list[str]:
+    """The costs ``env`` reports (:func:`vla_rl.grape.check_scoring`); ConfigError for one the score needs
+    and the env lacks."""
+    try:
+        return check_scoring(env, cfg.grape.score, cfg.seed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _engine(env: VecEnv, policy: Policy, cfg: AlignConfig, costs: list[str]) -> RolloutEngine:
+    """A rollout engine on ``env`` that records every cost as a reward term of weight 0 (the reward unchanged)."""
+    reward = RewardConfig(terms={"env": 1.0, **dict.fromkeys(costs, 0.0)})
+    return RolloutEngine(env, policy, cfg.exec_steps, use_critic=False, reward=reward)
 
 
 def run_align(cfg: AlignConfig) -> dict[str, Any]:
@@ -205,25 +227,20 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
         print(f"note: {cfg.env.id} has no optional wrist camera; using its default cameras")
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, wrist_camera=False))
         run.cfg = cfg
-    env_cfg = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path) \
-        if cfg.policy.path else cfg.env
+    env_cfg = _env_config(cfg)
     seed_everything(cfg.seed)
     env = env_cfg.make()
     eval_env = None
     try:
-        try:
-            costs = check_scoring(env, cfg.grape.score, cfg.seed)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        eval_env = env_cfg.make(seed=EVAL_SEED_BASE + cfg.seed * SEED_BLOCK)
+        costs = _scoring_costs(env, cfg)
+        eval_env = _eval_env(env_cfg, cfg)
         if resume_from is not None:
             policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)
         else:  # a checkpoint at policy.path loads with --policy.sampler (which starts from the saved one)
             policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
         learner = TPOLearner(cfg.tpo, policy)
-        reward = RewardConfig(terms={"env": 1.0, **dict.fromkeys(costs, 0.0)})  # costs recorded, reward unchanged
-        engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=False, reward=reward)
-        eval_engine = RolloutEngine(eval_env, policy, cfg.exec_steps, use_critic=False, reward=reward)
+        engine = _engine(env, policy, cfg, costs)
+        eval_engine = _engine(eval_env, policy, cfg, costs)
         start, env_steps, rows = 0, 0, []
         if resume_from is not None:
             state = ckpt.load_trainer_state(resume_from)
