@@ -400,15 +400,24 @@ def render(results: dict[str, Any]) -> str:
                    if extra else "")
                 + "; a classifier (shared 3-layer CNN per camera + state MLP, width 32) trained "
                 f"{args.get('epochs', 8)} epochs on {reads} (never the privileged state). *Episode accuracy*: its "
-                "verdict on each held-out episode's final observation against the simulator's success (what the "
-                f"`classifier` reward pays on). {_conditions(sec)}.", "",
-                "| seed | train successes | held-out successes | episode accuracy [95% CI] | frame precision | "
-                "frame recall | frame accuracy | held-out frames | record + fit s | >= 0.95 |",
-                "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+                "verdict on each held-out episode's final observation against the simulator's success. *First "
+                "verdict*: the episode called a success if any of its frames is judged one, which is where a "
+                "terminating `classifier` reward asked after every step would end it (failures called success: "
+                f"how many failed episodes it fires on somewhere; - where not measured). {_conditions(sec)}.", "",
+                "| seed | train successes | held-out successes | episode accuracy [95% CI] | first verdict [95% CI] | "
+                "failures called success | frame precision | frame recall | frame accuracy | held-out frames | "
+                "record + fit s | >= 0.95 |",
+                "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
         for seed, r in _by_seed(sec):
             n, k = r["episodes"], round(r["episode_accuracy"] * r["episodes"])
+            first_verdict, called = "-", "-"
+            if "first_verdict_accuracy" in r:
+                kf = round(r["first_verdict_accuracy"] * n)
+                first_verdict = f"{r['first_verdict_accuracy']:.3f} {_ci(list(wilson_interval(kf, n)))}"
+                called = f"{r['failures_called_success']}/{n - r['successful_episodes']}"
             out.append(f"| {seed} | {r['train_successes']}/{r['train_episodes']} | {r['successful_episodes']}/{n} | "
-                       f"{r['episode_accuracy']:.3f} {_ci(list(wilson_interval(k, n)))} | {r['precision']:.2f} | "
+                       f"{r['episode_accuracy']:.3f} {_ci(list(wilson_interval(k, n)))} | {first_verdict} | {called} | "
+                       f"{r['precision']:.2f} | "
                        f"{r['recall']:.3f} | {r['accuracy']:.3f} | {r['frames']} | {r['record_s']:.0f} + "
                        f"{r['fit_s']:.0f} | {_yes(r)} |")
     for key in [k for k in results if k.split(" (")[0] in ("ppo-classifier", "bc-classifier")]:

@@ -9,7 +9,9 @@ Metrics (:func:`classifier_metrics`, :func:`progress_metrics`) on the held-out e
 
 - classifier, per frame: precision, recall, accuracy at the threshold; per episode (``episode_accuracy``): the
   episode is called successful when the model says success on its last frame (the state it ended in), compared
-  with whether it succeeded;
+  with whether it succeeded; ``first_verdict_accuracy``: the episode is called successful when the model says
+  success on any of its frames, which is what a terminating ``classifier`` reward asked after every step would
+  conclude (a verdict ends the episode as a success), so failures it fires on anywhere count as errors;
 - progress: mean absolute error of the predicted progress, and the rank correlation of prediction and label.
 """
 
@@ -142,12 +144,17 @@ def classifier_metrics(model: RewardModel, episodes: list[Episode], threshold: f
     pred = prob >= threshold
     tp, fp = int((pred & label).sum()), int((pred & ~label).sum())
     fn, tn = int((~pred & label).sum()), int((~pred & ~label).sum())
-    last = torch.cumsum(torch.tensor([e.length for e in episodes]), 0) - 1
+    lengths = torch.tensor([e.length for e in episodes])
+    last = torch.cumsum(lengths, 0) - 1
     ep_pred, ep_true = pred[last], torch.tensor([e.succeeded for e in episodes])
+    episode_of_frame = torch.repeat_interleave(torch.arange(len(episodes)), lengths)
+    ep_any = torch.zeros(len(episodes), dtype=torch.long).index_add_(0, episode_of_frame, pred.long()) > 0
     return {
         "episodes": len(episodes), "frames": int(label.numel()), "positive_frames": int(label.sum()),
         "precision": tp / (tp + fp) if tp + fp else float("nan"), "recall": tp / (tp + fn) if tp + fn else float("nan"),
         "accuracy": (tp + tn) / label.numel(), "episode_accuracy": float((ep_pred == ep_true).float().mean()),
+        "first_verdict_accuracy": float((ep_any == ep_true).float().mean()),
+        "failures_called_success": int((ep_any & ~ep_true).sum()),
         "successful_episodes": int(ep_true.sum()), "threshold": threshold,
     }
 

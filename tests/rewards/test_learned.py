@@ -117,6 +117,32 @@ def test_classifier_learns_success_on_tiny_data_and_reports_held_out_precision_r
     assert m["precision"] >= 0.9 and m["recall"] >= 0.9 and m["episode_accuracy"] >= 0.9, m
 
 
+class _FixedClassifier:
+    """Stands in for a RewardModel: returns preset per-frame probabilities."""
+
+    def __init__(self, probs: list[float]) -> None:
+        self.config = RewardModelConfig(kind="classifier", inputs={CAM: [1, 1, 3]})
+        self.probs = torch.tensor(probs)
+
+    def predict(self, obs, where=""):
+        assert obs[CAM].shape[0] == len(self.probs)
+        return self.probs
+
+
+def test_first_verdict_accuracy_counts_failures_the_classifier_fires_on_anywhere():
+    def ep(flags):
+        return Episode(obs={CAM: torch.zeros(len(flags), 1, 1, 3, dtype=torch.uint8)},
+                       success=torch.tensor(flags), task="x")
+
+    eps = [ep([False, False, True]), ep([False, False, False]), ep([False, False, False]), ep([False, True])]
+    # ep 0: right on its last frame; ep 1: fires mid-episode (a failure ended as success); ep 2: silent;
+    # ep 3: a success missed on its last frame but called one step early
+    probs = [0.1, 0.2, 0.9, 0.1, 0.8, 0.3, 0.0, 0.1, 0.2, 0.7, 0.4]
+    m = classifier_metrics(_FixedClassifier(probs), eps)
+    assert m["episode_accuracy"] == 0.75  # last frames: ep 3 wrong
+    assert m["first_verdict_accuracy"] == 0.75 and m["failures_called_success"] == 1  # any frame: ep 1 wrong
+
+
 def test_progress_model_learns_a_progress_label_on_tiny_data():
     torch.manual_seed(0)
     eps = _counter_episodes(100)
