@@ -144,6 +144,7 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
     return {"seed": seed, "train_episodes": len(train), "train_successes": sum(e.succeeded for e in train),
             **metrics, "record_s": t1 - t0, "fit_s": t2 - t1, "epochs": epochs,
             "policy_episodes": policy_episodes, "inputs": sorted(model.config.inputs),
+            "reads_instruction": bool(model.config.vocabulary), "lr_schedule": fit.lr_schedule,
             "path": str(model_path(name or kind, seed, out))}
 
 
@@ -390,6 +391,9 @@ def render(results: dict[str, Any]) -> str:
         extra = first.get("policy_episodes", 0)
         reads = ("the cameras only" if first.get("inputs") and "observation.state" not in first["inputs"]
                  else "the cameras and `observation.state`")
+        if first.get("reads_instruction"):
+            reads = reads.replace(" only", "") + " and the instruction's words"
+        schedule = ", the learning rate decaying to 0 along a cosine" if first.get("lr_schedule") == "cosine" else ""
         args = sec.get("conditions", {}).get("args", {})
         expert = args.get("episodes", 400)
         out += ["", f"### Success classifier{_variant(key)}", "",
@@ -399,7 +403,7 @@ def render(results: dict[str, Any]) -> str:
                 + (f", plus {extra} training and {extra} held-out episodes of the seed's pre-trained policy exploring"
                    if extra else "")
                 + "; a classifier (shared 3-layer CNN per camera + state MLP, width 32) trained "
-                f"{args.get('epochs', 8)} epochs on {reads} (never the privileged state). *Episode accuracy*: its "
+                f"{args.get('epochs', 8)} epochs on {reads} (never the privileged state){schedule}. *Episode accuracy*: its "
                 "verdict on each held-out episode's final observation against the simulator's success. *First "
                 "verdict*: the episode called a success if any of its frames is judged one, which is where a "
                 "terminating `classifier` reward asked after every step would end it (failures called success: "

@@ -7,9 +7,14 @@ One network serves both learned rewards of :mod:`rewards.learned`:
 - ``kind="progress"``: task progress in ``[0, 1]`` (the process reward model), trained on milestone fractions.
 
 Architecture: per camera a 3-layer strided CNN (shared across cameras), average-pooled to a 4x4 grid so where
-things are in the image survives, flattened, concatenated with a normalized state MLP embedding, then an MLP to
-one logit; ``sigmoid(logit)`` is the output. Small on purpose (tens of thousands of parameters): it trains in a
-minute on a CPU from a few hundred episodes.
+things are in the image survives, flattened, concatenated with a normalized state MLP embedding and, when the
+model reads the instruction (:attr:`RewardModelConfig.vocabulary`), the mean embedding of its words, then an MLP
+to one logit; ``sigmoid(logit)`` is the output. Small on purpose (tens of thousands of parameters): it trains in
+a minute on a CPU from a few hundred episodes.
+
+The instruction matters on multi-task envs: on ``mujoco/pick-any`` a classifier that sees only the cameras and
+the arm cannot tell the named cube lifted from another one. Words are lower-cased runs of letters and digits;
+words the training instructions never used are ignored.
 
 Checkpoints use the policies' folder format (:func:`policies.io.write_checkpoint`: ``config.json`` +
 ``model.safetensors`` + ``manifest.json``, written to a temporary folder and renamed), with ``"type":
@@ -25,13 +30,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import re
+
 import torch
 from torch import Tensor, nn
 
 from policies.io import CheckpointError, ObservationError, read_checkpoint, verify_policy_folder, write_checkpoint
-from vla_core.keys import OBS_IMAGE_PREFIX, OBS_STATE
+from vla_core.keys import OBS_IMAGE_PREFIX, OBS_STATE, TASK
 
 REWARD_MODEL_TYPE = "reward_model"
+INSTRUCTION_IDS = "instruction_ids"
+"""Batch key of pre-computed instruction word ids (:meth:`RewardModel.instruction_ids`), used in training."""
 """``config.json["type"]`` of a reward model folder."""
 KINDS = ("classifier", "progress")
 
@@ -57,6 +66,9 @@ class RewardModelConfig:
     """Per-dimension std of ``observation.state`` in the training data."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """Held-out metrics written at training time (precision, recall, accuracy, ...), for the record."""
+    vocabulary: list[str] = field(default_factory=list)
+    """Words of the training instructions; non-empty = the model also reads each observation's instruction
+    (``task``) as a bag of these words (module doc). Empty = it does not read the instruction."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -97,11 +109,25 @@ class RewardModel(nn.Module):
         std = torch.tensor(config.state_std or [1.0] * s, dtype=torch.float32)
         self.register_buffer("state_mean", mean, persistent=False)
         self.register_buffer("state_std", std.clamp_min(1e-3), persistent=False)
-        features = len(self.image_keys) * w * 16 + (w if s else 0)
+        self.word_index = {word: i + 1 for i, word in enumerate(config.vocabulary)}  # 0: padding / unknown
+        self.words = nn.EmbeddingBag(len(config.vocabulary) + 1, w, mode="mean", padding_idx=0) \
+            if config.vocabulary else None
+        features = len(self.image_keys) * w * 16 + (w if s else 0) + (w if config.vocabulary else 0)
         self.head = nn.Sequential(nn.Linear(features, 2 * w), nn.ReLU(), nn.Linear(2 * w, 1))
 
+    @property
+    def reads_instruction(self) -> bool:
+        return self.words is not None
+
+    def instruction_ids(self, instructions: list[str]) -> Tensor:
+        """``int64 [B, L]``: each instruction's known words as vocabulary ids, padded with 0."""
+        rows = [[self.word_index.get(w, 0) for w in instruction_words(t)] for t in instructions]
+        width = max([len(r) for r in rows] + [1])
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)
+
     def forward(self, obs: dict[str, Any]) -> Tensor:
-        """``logits [B]`` of a batch (keys of :attr:`RewardModelConfig.inputs`; images ``uint8 [B, H, W, 3]``)."""
+        """``logits [B]`` of a batch (keys of :attr:`RewardModelConfig.inputs`; images ``uint8 [B, H, W, 3]``;
+        with a vocabulary also ``task``, a list of instructions, or :data:`INSTRUCTION_IDS`)."""
         parts = []
         for key in self.image_keys:
             img = obs[key].to(self.head[0].weight.device).permute(0, 3, 1, 2).float() / 255.0
@@ -109,7 +135,15 @@ class RewardModel(nn.Module):
         if self.state_net is not None:
             state = obs[OBS_STATE].to(self.head[0].weight.device).float()
             parts.append(self.state_net((state - self.state_mean) / self.state_std))
+        if self.words is not None:
+            ids = obs[INSTRUCTION_IDS] if INSTRUCTION_IDS in obs else self.instruction_ids(list(obs[TASK]))
+            parts.append(self.words(ids.to(self.head[0].weight.device)))
         return self.head(torch.cat(parts, dim=1)).squeeze(1)
+
+    @property
+    def read_keys(self) -> list[str]:
+        """The observation keys a batch must hold: the inputs, and ``task`` with a vocabulary."""
+        return list(self.config.inputs) + ([TASK] if self.reads_instruction else [])
 
     @torch.no_grad()
     def predict(self, obs: dict[str, Any], where: str = "observation", batch_size: int = 256) -> Tensor:
@@ -122,7 +156,8 @@ class RewardModel(nn.Module):
         was = self.training
         self.eval()
         n = next(v.shape[0] for k, v in obs.items() if k in self.config.inputs)
-        out = [torch.sigmoid(self({k: obs[k][i:i + batch_size] for k in self.config.inputs})).float().cpu()
+        keys = self.read_keys if INSTRUCTION_IDS not in obs else [*self.config.inputs, INSTRUCTION_IDS]
+        out = [torch.sigmoid(self({k: obs[k][i:i + batch_size] for k in keys})).float().cpu()
                for i in range(0, n, batch_size)]
         self.train(was)
         return torch.cat(out) if out else torch.zeros(0)
@@ -141,6 +176,10 @@ class RewardModel(nn.Module):
             if got != tuple(shape):
                 raise RewardInputError(f"{where}: {key!r} has shape {list(got)} per env but the reward model was "
                                        f"trained on {list(shape)}")
+        if self.reads_instruction and TASK not in obs and INSTRUCTION_IDS not in obs:
+            raise RewardInputError(f"{where} has no {TASK!r} (the instruction), which the reward model reads "
+                                   f"(trained on instructions with the words {self.config.vocabulary}); "
+                                   f"{where} keys: {sorted(obs)}")
 
     def check_inputs(self, observation_shapes: dict[str, tuple[int, ...]], where: str) -> None:
         """Check an env's observation spec (key -> per-env shape) before any step is taken.
@@ -161,6 +200,11 @@ class RewardModel(nn.Module):
         """Write the model folder atomically (``config.json``, ``model.safetensors``, ``manifest.json``)."""
         config = {"type": REWARD_MODEL_TYPE, **asdict(self.config)}
         return write_checkpoint(directory, config, self.state_dict())
+
+
+def instruction_words(instruction: str) -> list[str]:
+    """The words of an instruction: lower-cased runs of letters and digits."""
+    return re.findall(r"[a-z0-9]+", str(instruction).lower())
 
 
 def load_reward_model(directory: str | Path) -> RewardModel:

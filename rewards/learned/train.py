@@ -3,7 +3,10 @@
 Episodes (not frames) are split into training and held-out sets, so the held-out metrics say how the model
 does on episodes it never saw. Frames are fitted with binary cross-entropy on soft targets (0/1 success
 labels for the classifier, progress fractions for the process reward model); for the classifier the positive
-frames are up-weighted by the negative/positive ratio, since success frames are few.
+frames are up-weighted by the negative/positive ratio, since success frames are few. The learning rate decays
+to 0 along a cosine by default: with a constant rate the last epoch's model is one draw from a trajectory whose
+calibration swings from epoch to epoch (docs/benchmarks.md, "Learned rewards: reading", session 21). When the
+training episodes carry more than one instruction the model also reads the instruction (``FitConfig.instruction``).
 
 Metrics (:func:`classifier_metrics`, :func:`progress_metrics`) on the held-out episodes:
 
@@ -17,6 +20,7 @@ Metrics (:func:`classifier_metrics`, :func:`progress_metrics`) on the held-out e
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +30,11 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rewards.learned.labels import Episode
-from rewards.learned.model import RewardModel, RewardModelConfig
-from vla_core.keys import OBS_STATE
+from rewards.learned.model import INSTRUCTION_IDS, RewardModel, RewardModelConfig, instruction_words
+from vla_core.keys import OBS_STATE, TASK
+
+INSTRUCTION_MODES = ("auto", "yes", "no")
+LR_SCHEDULES = ("cosine", "constant")
 
 
 @dataclass
@@ -50,6 +57,16 @@ class FitConfig:
     """Seed of the episode split, the initial weights and the batch order."""
     keys: list[str] = field(default_factory=list)
     """Observation keys the model reads; empty = every camera and ``observation.state`` of the data."""
+    instruction: str = "auto"
+    """Read the episode's instruction too: ``auto`` (when the training episodes have more than one), ``yes``,
+    ``no``."""
+    lr_schedule: str = "cosine"
+    """``cosine`` (decay to 0 over the epochs) or ``constant``."""
+
+    def __post_init__(self) -> None:
+        for name, choices in (("instruction", INSTRUCTION_MODES), ("lr_schedule", LR_SCHEDULES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"fit.{name} must be one of {choices}, got {getattr(self, name)!r}")
 
 
 def split_episodes(n: int, holdout: float, seed: int) -> tuple[list[int], list[int]]:
@@ -64,6 +81,26 @@ def split_episodes(n: int, holdout: float, seed: int) -> tuple[list[int], list[i
 def stack_frames(episodes: list[Episode], keys: list[str]) -> dict[str, Tensor]:
     """Every frame of ``episodes`` as one batch: key -> ``[N, ...]``."""
     return {k: torch.cat([e.obs[k] for e in episodes]) for k in keys}
+
+
+def model_batch(model: RewardModel, episodes: list[Episode]) -> dict[str, Any]:
+    """Every frame of ``episodes`` as the batch ``model`` reads: its input keys, and (when it reads the
+    instruction) each frame's episode instruction under ``task``."""
+    batch: dict[str, Any] = stack_frames(episodes, list(model.config.inputs))
+    if model.reads_instruction:
+        batch[TASK] = [e.task for e in episodes for _ in range(e.length)]
+    return batch
+
+
+def vocabulary(episodes: list[Episode], mode: str) -> list[str]:
+    """The words of the episodes' instructions when the model should read them (``mode``, see
+    :attr:`FitConfig.instruction`), else ``[]``."""
+    tasks = {e.task for e in episodes if e.task}
+    if mode == "no" or (mode == "auto" and len(tasks) < 2):
+        return []
+    if not tasks:
+        raise ValueError("fit.instruction yes: the episodes carry no instruction (task) to read")
+    return sorted({w for t in tasks for w in instruction_words(t)})
 
 
 def default_keys(episode: Episode) -> list[str]:
@@ -111,11 +148,17 @@ def fit_reward_model(kind: str, episodes: list[Episode], targets: list[Tensor], 
         kind=kind, inputs={k: list(obs[k].shape[1:]) for k in keys}, width=cfg.width,
         state_mean=state.float().mean(0).tolist() if state is not None else [],
         state_std=state.float().std(0).tolist() if state is not None else [],
+        vocabulary=vocabulary(train_eps, cfg.instruction),
     )
     model = RewardModel(config)
+    if model.reads_instruction:
+        obs[INSTRUCTION_IDS] = model.instruction_ids([e.task for e in train_eps for _ in range(e.length)])
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)
     n = len(y)
+    steps = cfg.epochs * ((n + cfg.batch_size - 1) // cfg.batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda k: 0.5 * (1 + math.cos(math.pi * k / steps)) if cfg.lr_schedule == "cosine" else 1.0)
     weights = torch.where(y > 0.5, torch.tensor(pos_weight), torch.tensor(1.0))
     model.train()
     with tqdm(range(cfg.epochs), desc=desc, unit="epoch") as bar:
@@ -129,6 +172,7 @@ def fit_reward_model(kind: str, episodes: list[Episode], targets: list[Tensor], 
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                sched.step()
                 total += float(loss.detach()) * len(idx)
             bar.set_postfix(loss=f"{total / n:.4f}")
     return model.eval(), train_idx, held_idx
@@ -138,8 +182,7 @@ def classifier_metrics(model: RewardModel, episodes: list[Episode], threshold: f
     """Frame precision / recall / accuracy and episode accuracy of a success classifier (module doc)."""
     if not episodes:
         return {}
-    keys = list(model.config.inputs)
-    prob = model.predict(stack_frames(episodes, keys), where="held-out frames")
+    prob = model.predict(model_batch(model, episodes), where="held-out frames")
     label = torch.cat([e.success for e in episodes])
     pred = prob >= threshold
     tp, fp = int((pred & label).sum()), int((pred & ~label).sum())
@@ -163,7 +206,7 @@ def progress_metrics(model: RewardModel, episodes: list[Episode], targets: list[
     """Mean absolute error and Spearman rank correlation of predicted vs labelled progress on ``episodes``."""
     if not episodes:
         return {}
-    pred = model.predict(stack_frames(episodes, list(model.config.inputs)), where="held-out frames")
+    pred = model.predict(model_batch(model, episodes), where="held-out frames")
     y = torch.cat(targets).float()
 
     def ranks(x: Tensor) -> Tensor:

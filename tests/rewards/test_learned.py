@@ -120,6 +120,8 @@ def test_classifier_learns_success_on_tiny_data_and_reports_held_out_precision_r
 class _FixedClassifier:
     """Stands in for a RewardModel: returns preset per-frame probabilities."""
 
+    reads_instruction = False
+
     def __init__(self, probs: list[float]) -> None:
         self.config = RewardModelConfig(kind="classifier", inputs={CAM: [1, 1, 3]})
         self.probs = torch.tensor(probs)
@@ -202,6 +204,50 @@ def test_inputs_that_do_not_match_name_the_key_and_both_shapes():
     assert all(w in str(err.value) for w in ("toy/counter", CAM, "[4, 4, 3]", "[8, 8, 3]"))
     with pytest.raises(RewardInputError, match="has no 'observation.state'"):
         model.predict({CAM: torch.zeros(1, 8, 8, 3, dtype=torch.uint8)})
+
+
+def _instructed_episodes(n: int, seed: int = 0) -> list[Episode]:
+    """Episodes whose success depends on the instruction: ``go right`` succeeds at x >= 0.5, ``go left`` at
+    x <= -0.5; both instructions walk both ways, so the state alone says "at an end", not "at the named one"."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        task = "Go RIGHT" if i % 2 else "go left"
+        direction = 1.0 if (i // 2) % 2 else -1.0
+        x = direction * torch.linspace(0, 0.8, 5) + 0.02 * torch.randn(5, generator=gen)
+        goal = (x >= 0.5) if "right" in task.lower() else (x <= -0.5)
+        state = torch.stack([x, torch.zeros(5)], 1)
+        out.append(Episode(obs={OBS_STATE: state}, success=goal, task=task))
+    return out
+
+
+def test_classifier_reads_the_instruction_when_success_depends_on_it(tmp_path):
+    eps = _instructed_episodes(120)
+    targets = [success_targets(e) for e in eps]
+    fit = functools.partial(FitConfig, epochs=40, batch_size=32, lr=3e-3, width=8, holdout=0.25, seed=0)
+    model, _, held = fit_reward_model("classifier", eps, targets, fit())
+    blind, _, _ = fit_reward_model("classifier", eps, targets, fit(instruction="no"))
+    assert model.config.vocabulary == ["go", "left", "right"] and blind.config.vocabulary == []
+    held_eps = [eps[i] for i in held]
+    m, b = classifier_metrics(model, held_eps), classifier_metrics(blind, held_eps)
+    assert m["episode_accuracy"] >= 0.95 and b["episode_accuracy"] <= 0.75, (m, b)
+    # the same state, the two instructions: only the named end is a success
+    obs = {OBS_STATE: torch.tensor([[0.8, 0.0], [0.8, 0.0]]), TASK: ["go right", "go left"]}
+    p = model.predict(obs)
+    assert p[0] > 0.5 > p[1]
+    loaded = load_reward_model(model.save(tmp_path / "clf"))
+    assert loaded.config.vocabulary == model.config.vocabulary and torch.equal(loaded.predict(obs), p)
+    # unknown words are ignored; a batch without the instruction is refused, naming it
+    assert model.instruction_ids(["please GO right, now"]).tolist() == [[0, 1, 3, 0]]
+    with pytest.raises(RewardInputError, match="has no 'task'"):
+        model.predict({OBS_STATE: obs[OBS_STATE]})
+
+
+def test_fit_config_names_bad_settings():
+    with pytest.raises(ValueError, match="fit.instruction"):
+        FitConfig(instruction="maybe")
+    with pytest.raises(ValueError, match="fit.lr_schedule"):
+        FitConfig(lr_schedule="step")
 
 
 def _chunk(final_state: list[float], after_state: list[float]) -> ChunkSteps:
