@@ -13,8 +13,9 @@ to one logit; ``sigmoid(logit)`` is the output. Small on purpose (tens of thousa
 a minute on a CPU from a few hundred episodes.
 
 The instruction matters on multi-task envs: on ``mujoco/pick-any`` a classifier that sees only the cameras and
-the arm cannot tell the named cube lifted from another one. Words are lower-cased runs of letters and digits;
-words the training instructions never used are ignored.
+the arm cannot tell the named cube lifted from another one; one that reads the instruction can learn to (this
+small network did not learn it from 600 episodes there: docs/benchmarks.md, "Learned rewards: reading"). Words
+are lower-cased runs of letters and digits; words the training instructions never used are ignored.
 
 Checkpoints use the policies' folder format (:func:`policies.io.write_checkpoint`: ``config.json`` +
 ``model.safetensors`` + ``manifest.json``, written to a temporary folder and renamed), with ``"type":
@@ -26,11 +27,10 @@ shapes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import re
 
 import torch
 from torch import Tensor, nn
@@ -39,9 +39,9 @@ from policies.io import CheckpointError, ObservationError, read_checkpoint, veri
 from vla_core.keys import OBS_IMAGE_PREFIX, OBS_STATE, TASK
 
 REWARD_MODEL_TYPE = "reward_model"
+"""``config.json["type"]`` of a reward model folder."""
 INSTRUCTION_IDS = "instruction_ids"
 """Batch key of pre-computed instruction word ids (:meth:`RewardModel.instruction_ids`), used in training."""
-"""``config.json["type"]`` of a reward model folder."""
 KINDS = ("classifier", "progress")
 
 
