@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from rewards.learned.labels import Episode
 from rewards.learned.model import INSTRUCTION_IDS, RewardModel, RewardModelConfig, instruction_words
-from vla_core.keys import OBS_STATE, TASK
+from vla_core.keys import OBS_STATE
 
 INSTRUCTION_MODES = ("auto", "yes", "no")
 LR_SCHEDULES = ("cosine", "constant")
@@ -83,12 +83,15 @@ def stack_frames(episodes: list[Episode], keys: list[str]) -> dict[str, Tensor]:
     return {k: torch.cat([e.obs[k] for e in episodes]) for k in keys}
 
 
-def model_batch(model: RewardModel, episodes: list[Episode]) -> dict[str, Any]:
-    """Every frame of ``episodes`` as the batch ``model`` reads: its input keys, and (when it reads the
-    instruction) each frame's episode instruction under ``task``."""
-    batch: dict[str, Any] = stack_frames(episodes, list(model.config.inputs))
+def model_batch(model: RewardModel, episodes: list[Episode], frames: dict[str, Tensor] | None = None
+                ) -> dict[str, Tensor]:
+    """Every frame of ``episodes`` as the batch ``model`` reads: its input keys (``frames`` when already
+    stacked), and, when it reads the instruction, each frame's episode instruction as word ids
+    (:data:`~rewards.learned.model.INSTRUCTION_IDS`, tokenized once per episode)."""
+    batch = dict(frames) if frames is not None else stack_frames(episodes, list(model.config.inputs))
     if model.reads_instruction:
-        batch[TASK] = [e.task for e in episodes for _ in range(e.length)]
+        lengths = torch.tensor([e.length for e in episodes])
+        batch[INSTRUCTION_IDS] = model.instruction_ids([e.task for e in episodes]).repeat_interleave(lengths, 0)
     return batch
 
 
@@ -151,8 +154,7 @@ def fit_reward_model(kind: str, episodes: list[Episode], targets: list[Tensor], 
         vocabulary=vocabulary(train_eps, cfg.instruction),
     )
     model = RewardModel(config)
-    if model.reads_instruction:
-        obs[INSTRUCTION_IDS] = model.instruction_ids([e.task for e in train_eps for _ in range(e.length)])
+    obs = model_batch(model, train_eps, obs)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)
     n = len(y)
