@@ -111,11 +111,12 @@ def model_path(kind: str, seed: int, out: Path) -> Path:
 
 
 def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, policy_episodes: int = 0,
-               images_only: bool = False, name: str = "", start_success: float = 0.0) -> dict[str, Any]:
+               images_only: bool = False, name: str = "", start_success: float = 0.0, film: bool = True,
+               counterfactual: bool = False) -> dict[str, Any]:
     """Train a classifier (or a stage-labelled progress model) and score it on held-out episodes: ``episodes`` of
     the noisy expert, plus ``policy_episodes`` of the seed's pre-trained policy exploring (its near misses and
     empty lifts are the negatives an RL policy would otherwise exploit), each for training and held out."""
-    from rewards.learned.labels import milestone_targets, success_targets
+    from rewards.learned.labels import milestone_targets, stage_targets, success_targets
     from rewards.learned.train import FitConfig, classifier_metrics, fit_reward_model, progress_metrics
 
     t0 = time.perf_counter()
@@ -127,12 +128,13 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
         held += record(HELD_OUT_SEED + seed * 10_000 + 5_000, policy_episodes, f"record policy held-out s{seed}", policy)
     t1 = time.perf_counter()
     keys = [k for k in train[0].obs if k.startswith("observation.images.")] if images_only else []
-    fit = FitConfig(epochs=epochs, holdout=0.0, seed=seed, keys=keys)
+    fit = FitConfig(epochs=epochs, holdout=0.0, seed=seed, keys=keys, film=film, counterfactual=counterfactual)
     if kind == "classifier":
         targets = [success_targets(e) for e in train]
     else:
         train, targets = milestone_targets(train, "stages")
-    model, _, _ = fit_reward_model(kind, train, targets, fit, desc=f"fit {kind} s{seed}")
+    model, _, _ = fit_reward_model(kind, train, targets, fit, desc=f"fit {kind} s{seed}",
+                                   relabel=stage_targets if kind == "progress" else None)
     t2 = time.perf_counter()
     if kind == "classifier":
         metrics = classifier_metrics(model, held)
@@ -145,6 +147,7 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
             **metrics, "record_s": t1 - t0, "fit_s": t2 - t1, "epochs": epochs,
             "policy_episodes": policy_episodes, "inputs": sorted(model.config.inputs),
             "reads_instruction": bool(model.config.vocabulary), "lr_schedule": fit.lr_schedule,
+            "film": model.config.film, "counterfactual": fit.counterfactual,
             "path": str(model_path(name or kind, seed, out))}
 
 
@@ -233,19 +236,22 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: in
 
 
 def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float,
-             eval_episodes: int, episodes: int = 400, epochs: int = 8, start_success: float = 0.0) -> dict[str, Any]:
+             eval_episodes: int, episodes: int = 400, epochs: int = 8, start_success: float = 0.0,
+             name: str = "progress", film: bool = True, counterfactual: bool = False) -> dict[str, Any]:
     from rewards import RewardConfig
     from rewards.learned.terms import ProgressTermConfig
     from vla_rl.evaluation import wilson_interval
 
-    prm = model_path("progress", seed, out)
+    prm = model_path(name, seed, out)
+    model_row = None
     if not (prm / "config.json").exists():
-        part_model("progress", seed, episodes, epochs, out)
+        model_row = part_model("progress", seed, episodes, epochs, out, name=name, film=film,
+                               counterfactual=counterfactual)
     t0 = time.perf_counter()
     sparse_dir = out / f"prm-sparse-s{seed}"
     quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
                    eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start_success))
-    mixed_dir = out / f"prm-mixed-s{seed}"
+    mixed_dir = out / (f"prm-mixed-s{seed}" if name == "progress" else f"prm-mixed-{name}-s{seed}")
     quickstart_run(seed, mixed_dir, RewardConfig(terms={"success": 1.0, "prm": weight},
                                                  prm=ProgressTermConfig(path=str(prm))),
                    iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes)
@@ -258,6 +264,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     return {"seed": seed, "start": start, "sparse_final": target, "sparse_steps": sparse[-1][0],
             "mixed_final": mixed[-1][1], "mixed_steps_to_sparse_final": reached, "step_ratio": ratio,
             "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "wall_s": time.perf_counter() - t0,
+            "prm": str(prm), "prm_model": model_row,
             # matching a sparse run that did not improve on the start (its final inside the start's 95% interval)
             # says nothing about sample efficiency
             "sparse_improved": target > start_high,
@@ -450,9 +457,9 @@ def render(results: dict[str, Any]) -> str:
                        f"{r['gain']:+.3f} | {oracle} | {r['episodes']} | {r['env_steps']:,} | {r['wall_s']:.0f} | "
                        f"{_yes(r)} |")
         out += [f"\nSeed {seed}: {r['note']}." for seed, r in _by_seed(sec) if r.get("note")]
-    if "prm" in results:
-        sec = results["prm"]
-        out += ["", "### Process reward model", "",
+    for key in [k for k in results if k.split(" (")[0] == "prm"]:
+        sec = results[key]
+        out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 "`{success: 1.0, prm: w}`, evaluated every `--eval_every` iterations on 400 held-out episodes. "
                 f"{_conditions(sec)}.", "",
@@ -525,11 +532,20 @@ def main() -> None:
                    help="classifier: also this many episodes of the seed's pre-trained policy exploring, for "
                         "training and held out (labelled by the simulator, as an operator would label them)")
     p.add_argument("--images_only", action="store_true", help="classifier: read the cameras only (no arm state)")
+    p.add_argument("--film", action=argparse.BooleanOptionalAction, default=True,
+                   help="classifier / prm: the instruction modulates the CNN's channels (FitConfig.film)")
+    p.add_argument("--counterfactual", action="store_true",
+                   help="classifier / prm: training episodes relabelled with another instruction are added "
+                        "(successes as failures; for the PRM every episode, with its stages recomputed) "
+                        "(FitConfig.counterfactual)")
     p.add_argument("--classifier", default="classifier",
                    help="name of the classifier folder under --out (and of the results' part): e.g. classifier-v2")
     p.add_argument("--iterations", type=int, default=200, help="PPO iterations (the quickstart_ppo preset's length)")
     p.add_argument("--eval_every", type=int, default=25, help="prm: evaluate every this many iterations")
     p.add_argument("--prm_weight", type=float, default=1.0)
+    p.add_argument("--prm", default="progress",
+                   help="prm: name of the process reward model folder under --out (trained there if missing); the "
+                        "sparse run is shared by every name, the mixed run is prm-mixed-<name>-s<seed>")
     p.add_argument("--eval_episodes", type=int, default=400, help="held-out episodes per RL evaluation")
     p.add_argument("--samplers", nargs="+", default=["uniform", "curriculum"],
                    help="curriculum: the task samplers compared (uniform first: the baseline)")
@@ -565,7 +581,8 @@ def main() -> None:
             t0 = time.perf_counter()
             if part == "classifier":
                 row = part_model("classifier", seed, args.episodes, args.epochs, out, args.policy_episodes,
-                                 args.images_only, args.classifier, args.start_success)
+                                 args.images_only, args.classifier, args.start_success, args.film,
+                                 args.counterfactual)
                 row["ok"] = row["episode_accuracy"] >= 0.95
             elif part in ("ppo-classifier", "bc-classifier"):
                 row = part_ppo_classifier(seed, out, args.iterations, args.eval_episodes, args.classifier,
@@ -575,7 +592,8 @@ def main() -> None:
                                       args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer)
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
-                               args.episodes, args.epochs, args.start_success)
+                               args.episodes, args.epochs, args.start_success, args.prm, args.film,
+                               args.counterfactual)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"

@@ -38,6 +38,9 @@ TOUCH_RADIUS = 0.045
 """m: the cube whose centre is this close to the pinch point (xy) with the pinch point below the cube's top
 plus 2 cm counts as touched (the fingers reach about 2.5 cm past the cube's side)."""
 
+TASK_INDEX_KEY = "task_index"
+"""Observation key of the MuJoCo tabletop's task index (also ``observation.env_state``'s last column)."""
+
 # Event segmentation (event_boundaries).
 GRIPPER_INDEX = 3
 """Index of the gripper opening in ``observation.state`` of the MuJoCo tabletop (1 open, 0 closed)."""
@@ -68,6 +71,22 @@ class Episode:
     def succeeded(self) -> bool:
         """Whether the episode reached success (any success frame)."""
         return bool(self.success.any())
+
+
+def swap_instruction(episode: Episode, task: str, task_index: int | None = None) -> Episode:
+    """The episode's frames under another instruction ``task``, labelled failure on every frame (sharing the
+    frames). With ``task_index``, the privileged task index the frames carry (``observation.env_state``'s last
+    column, ``task_index``) is set to it too, so :func:`stage_targets` labels the frames for the new task."""
+    obs = episode.obs
+    if task_index is not None:
+        obs = dict(obs)
+        if OBS_ENV_STATE in obs:
+            env_state = obs[OBS_ENV_STATE].clone()
+            env_state[:, -1] = task_index
+            obs[OBS_ENV_STATE] = env_state
+        if TASK_INDEX_KEY in obs:
+            obs[TASK_INDEX_KEY] = torch.full_like(obs[TASK_INDEX_KEY], task_index)
+    return Episode(obs=obs, success=torch.zeros_like(episode.success), task=task)
 
 
 def success_targets(episode: Episode) -> Tensor:

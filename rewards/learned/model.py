@@ -9,13 +9,17 @@ One network serves both learned rewards of :mod:`rewards.learned`:
 Architecture: per camera a 3-layer strided CNN (shared across cameras), average-pooled to a 4x4 grid so where
 things are in the image survives, flattened, concatenated with a normalized state MLP embedding and, when the
 model reads the instruction (:attr:`RewardModelConfig.vocabulary`), the mean embedding of its words, then an MLP
-to one logit; ``sigmoid(logit)`` is the output. Small on purpose (tens of thousands of parameters): it trains in
-a minute on a CPU from a few hundred episodes.
+to one logit; ``sigmoid(logit)`` is the output. With :attr:`RewardModelConfig.film` the words' embedding also
+scales and shifts every CNN channel before its ReLU (FiLM), so what the CNN looks for depends on the words. Small
+on purpose (tens of thousands of parameters): it trains in a few minutes on a CPU from a few hundred episodes.
 
 The instruction matters on multi-task envs: on ``mujoco/pick-any`` a classifier that sees only the cameras and
-the arm cannot tell the named cube lifted from another one; one that reads the instruction can learn to (this
-small network did not learn it from 600 episodes there: docs/benchmarks.md, "Learned rewards: reading"). Words
-are lower-cased runs of letters and digits; words the training instructions never used are ignored.
+the arm cannot tell the named cube lifted from another one, and PPO on it learns to lift whichever cube is
+nearest. Concatenating the words' embedding after the CNN did not teach this small network to bind the colour
+word to the cube in the gripper; FiLM together with instruction-swapped failures
+(:attr:`rewards.learned.train.FitConfig.counterfactual`) did (docs/benchmarks.md, "Learned rewards: reading",
+session 22). Words are lower-cased runs of letters and digits; words the training instructions never used are
+ignored.
 
 Checkpoints use the policies' folder format (:func:`policies.io.write_checkpoint`: ``config.json`` +
 ``model.safetensors`` + ``manifest.json``, written to a temporary folder and renamed), with ``"type":
@@ -69,6 +73,9 @@ class RewardModelConfig:
     vocabulary: list[str] = field(default_factory=list)
     """Words of the training instructions; non-empty = the model also reads each observation's instruction
     (``task``) as a bag of these words (module doc). Empty = it does not read the instruction."""
+    film: bool = False
+    """With a vocabulary: the instruction also scales and shifts every CNN channel (FiLM, Perez et al. 2018), so
+    what the cameras are searched for depends on the words (module doc). False: it is only concatenated."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -112,6 +119,12 @@ class RewardModel(nn.Module):
         self.word_index = {word: i + 1 for i, word in enumerate(config.vocabulary)}  # 0: padding / unknown
         self.words = nn.EmbeddingBag(len(config.vocabulary) + 1, w, mode="mean", padding_idx=0) \
             if config.vocabulary else None
+        # FiLM: per conv layer a scale and shift of each channel from the instruction; zero-initialized, so an
+        # untrained FiLM is the identity
+        self.film = nn.Linear(w, 2 * 3 * w) if config.film and config.vocabulary and self.image_keys else None
+        if self.film is not None:
+            nn.init.zeros_(self.film.weight)
+            nn.init.zeros_(self.film.bias)
         features = len(self.image_keys) * w * 16 + (w if s else 0) + (w if config.vocabulary else 0)
         self.head = nn.Sequential(nn.Linear(features, 2 * w), nn.ReLU(), nn.Linear(2 * w, 1))
 
@@ -128,17 +141,31 @@ class RewardModel(nn.Module):
     def forward(self, obs: dict[str, Any]) -> Tensor:
         """``logits [B]`` of a batch (keys of :attr:`RewardModelConfig.inputs`; images ``uint8 [B, H, W, 3]``;
         with a vocabulary also ``task``, a list of instructions, or :data:`INSTRUCTION_IDS`)."""
-        parts = []
-        for key in self.image_keys:
-            img = obs[key].to(self.head[0].weight.device).permute(0, 3, 1, 2).float() / 255.0
-            parts.append(self.encoder(img))  # type: ignore[misc]
-        if self.state_net is not None:
-            state = obs[OBS_STATE].to(self.head[0].weight.device).float()
-            parts.append(self.state_net((state - self.state_mean) / self.state_std))
+        device = self.head[0].weight.device
+        words = None
         if self.words is not None:
             ids = obs[INSTRUCTION_IDS] if INSTRUCTION_IDS in obs else self.instruction_ids(list(obs[TASK]))
-            parts.append(self.words(ids.to(self.head[0].weight.device)))
+            words = self.words(ids.to(device))
+        parts = [self.encode_image(obs[key].to(device).permute(0, 3, 1, 2).float() / 255.0, words)
+                 for key in self.image_keys]
+        if self.state_net is not None:
+            state = obs[OBS_STATE].to(device).float()
+            parts.append(self.state_net((state - self.state_mean) / self.state_std))
+        if words is not None:
+            parts.append(words)
         return self.head(torch.cat(parts, dim=1)).squeeze(1)
+
+    def encode_image(self, img: Tensor, words: Tensor | None) -> Tensor:
+        """``[B, 3, H, W]`` in ``[0, 1]`` -> ``[B, 16 * width]``; with FiLM each conv's channels are scaled by
+        ``1 + gamma`` and shifted by ``beta`` (from the instruction) before its ReLU."""
+        if self.film is None or words is None:
+            return self.encoder(img)  # type: ignore[misc]
+        gamma_beta = self.film(words).view(len(img), 3, 2, -1, 1, 1)
+        h = img
+        for layer, conv in enumerate((0, 2, 4)):
+            h = self.encoder[conv](h)  # type: ignore[index]
+            h = torch.relu(h * (1 + gamma_beta[:, layer, 0]) + gamma_beta[:, layer, 1])
+        return self.encoder[7](self.encoder[6](h))  # type: ignore[index]
 
     @property
     def read_keys(self) -> list[str]:

@@ -6,7 +6,10 @@ labels for the classifier, progress fractions for the process reward model); for
 frames are up-weighted by the negative/positive ratio, since success frames are few. The learning rate decays
 to 0 along a cosine by default: with a constant rate the last epoch's model is one draw from a trajectory whose
 calibration swings from epoch to epoch (docs/benchmarks.md, "Learned rewards: reading", session 21). When the
-training episodes carry more than one instruction the model also reads the instruction (``FitConfig.instruction``).
+training episodes carry more than one instruction the model also reads the instruction (``FitConfig.instruction``):
+its words scale and shift the CNN's channels (``FitConfig.film``), and successful episodes relabelled with another
+instruction can be added as failures (``FitConfig.counterfactual``), which is what teaches it to tell the named
+object from another one (docs/benchmarks.md, session 22).
 
 Metrics (:func:`classifier_metrics`, :func:`progress_metrics`) on the held-out episodes:
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +33,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from rewards.learned.labels import Episode
+from rewards.learned.labels import Episode, swap_instruction
 from rewards.learned.model import INSTRUCTION_IDS, RewardModel, RewardModelConfig, instruction_words
-from vla_core.keys import OBS_STATE
+from vla_core.keys import OBS_ENV_STATE, OBS_STATE
 
 INSTRUCTION_MODES = ("auto", "yes", "no")
 LR_SCHEDULES = ("cosine", "constant")
@@ -62,6 +66,16 @@ class FitConfig:
     ``no``."""
     lr_schedule: str = "cosine"
     """``cosine`` (decay to 0 over the epochs) or ``constant``."""
+    film: bool = True
+    """When the model reads the instruction, let it also scale and shift the cameras' CNN channels (FiLM,
+    :attr:`~rewards.learned.model.RewardModelConfig.film`); False only concatenates the words' embedding."""
+    counterfactual: bool = False
+    """A model reading the instruction also trains on episodes under another of the training instructions
+    (seeded pick; :func:`instruction_swaps`). Classifier: every successful episode, every frame labelled failure:
+    it shows what an RL policy finds first, the task done on the wrong object. Valid when succeeding at one
+    instruction means failing the others (pick the red cube / pick the blue cube); leave it off for instructions
+    one episode can satisfy together. Progress (``stages`` labels): every episode, relabelled for the new
+    instruction, so lifting the wrong cube is worth no progress."""
 
     def __post_init__(self) -> None:
         for name, choices in (("instruction", INSTRUCTION_MODES), ("lr_schedule", LR_SCHEDULES)):
@@ -106,6 +120,26 @@ def vocabulary(episodes: list[Episode], mode: str) -> list[str]:
     return sorted({w for t in tasks for w in instruction_words(t)})
 
 
+def instruction_swaps(episodes: list[Episode], seed: int, successes_only: bool = True) -> list[Episode]:
+    """Episodes again under another instruction of ``episodes`` (a seeded pick), labelled failure on every frame
+    (:attr:`FitConfig.counterfactual`; :func:`~rewards.learned.labels.swap_instruction`): the successful ones
+    (``successes_only``: a success at one instruction is a failure at the others) or all of them (for stage
+    labels, which are recomputed for the new instruction). Where the episodes carry a privileged task index, the
+    copies carry the new instruction's. The copies share the originals' frames."""
+    tasks = sorted({e.task for e in episodes if e.task})
+    index = {e.task: int(round(float(e.obs[OBS_ENV_STATE][0, -1]))) for e in episodes if OBS_ENV_STATE in e.obs}
+    rng = random.Random(seed)
+    if len(tasks) < 2:
+        return []
+    out = []
+    for e in episodes:
+        if e.task not in tasks or (successes_only and not e.succeeded):
+            continue
+        other = rng.choice([t for t in tasks if t != e.task])
+        out.append(swap_instruction(e, other, index.get(other)))
+    return out
+
+
 def default_keys(episode: Episode) -> list[str]:
     """The camera keys and ``observation.state`` of an episode (privileged ``observation.env_state`` excluded:
     a reward model must read what the policy and a real robot have)."""
@@ -114,13 +148,16 @@ def default_keys(episode: Episode) -> list[str]:
 
 
 def fit_reward_model(kind: str, episodes: list[Episode], targets: list[Tensor], cfg: FitConfig,
-                     desc: str = "fit") -> tuple[RewardModel, list[int], list[int]]:
+                     desc: str = "fit", relabel: Callable[[Episode], Tensor] | None = None
+                     ) -> tuple[RewardModel, list[int], list[int]]:
     """Train a reward model of ``kind`` on the training split of ``episodes``.
 
     Args:
         kind: ``classifier`` or ``progress``.
         episodes: labelled episodes; ``targets[i]`` is ``float32 [T_i]`` in ``[0, 1]`` for episode ``i``.
         cfg: training settings.
+        relabel: progress with ``cfg.counterfactual``: the labeller of an episode swapped to another instruction
+            (:func:`~rewards.learned.labels.stage_targets`); every training episode is added swapped.
 
     Returns:
         ``(model, train_idx, held_out_idx)``.
@@ -136,8 +173,21 @@ def fit_reward_model(kind: str, episodes: list[Episode], targets: list[Tensor], 
             raise ValueError(f"the episodes have no {k!r} (they have {sorted(episodes[0].obs)})")
     train_idx, held_idx = split_episodes(len(episodes), cfg.holdout, cfg.seed)
     train_eps = [episodes[i] for i in train_idx]
+    train_targets = [targets[i] for i in train_idx]
+    words = vocabulary(train_eps, cfg.instruction)
+    if cfg.counterfactual:
+        if not words:
+            raise ValueError("fit.counterfactual needs a model that reads the instruction: the training episodes "
+                             "carry fewer than two instructions, or fit.instruction is 'no'")
+        if kind == "progress" and relabel is None:
+            raise ValueError("fit.counterfactual for a progress model needs labels that can be recomputed for "
+                             "another instruction (--labels stages)")
+        swaps = instruction_swaps(train_eps, cfg.seed, successes_only=kind == "classifier")
+        train_targets = train_targets + [relabel(e) if kind == "progress" else e.success.float()  # type: ignore[misc]
+                                         for e in swaps]
+        train_eps = train_eps + swaps
     obs = stack_frames(train_eps, keys)
-    y = torch.cat([targets[i] for i in train_idx]).float()
+    y = torch.cat(train_targets).float()
     pos_weight = 1.0
     if kind == "classifier":
         pos = float((y > 0.5).sum())
@@ -151,7 +201,7 @@ def fit_reward_model(kind: str, episodes: list[Episode], targets: list[Tensor], 
         kind=kind, inputs={k: list(obs[k].shape[1:]) for k in keys}, width=cfg.width,
         state_mean=state.float().mean(0).tolist() if state is not None else [],
         state_std=state.float().std(0).tolist() if state is not None else [],
-        vocabulary=vocabulary(train_eps, cfg.instruction),
+        vocabulary=words, film=cfg.film,
     )
     model = RewardModel(config)
     obs = model_batch(model, train_eps, obs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -24,7 +25,14 @@ from rewards.learned.labels import (
 )
 from rewards.learned.model import RewardInputError, RewardModel, RewardModelConfig, load_reward_model
 from rewards.learned.terms import ClassifierTermConfig, ProgressTermConfig
-from rewards.learned.train import FitConfig, classifier_metrics, fit_reward_model, progress_metrics, split_episodes
+from rewards.learned.train import (
+    FitConfig,
+    classifier_metrics,
+    fit_reward_model,
+    instruction_swaps,
+    progress_metrics,
+    split_episodes,
+)
 from sim.core import OBS_ENV_STATE, OBS_STATE, TASK, ChunkSteps, image_key
 from sim.mujoco_tasks.tasks import TASK_INDEX, TASKS, stage_progress
 from sim.vector import SerialVecEnv
@@ -63,6 +71,28 @@ def test_stage_targets_are_stage_fractions_and_one_on_success_frames():
     assert stage_targets(ep).tolist() == [0.0, 0.5, 1.0]  # pick has 3 stages: k / 4
     with pytest.raises(ValueError, match="events"):
         stage_targets(Episode(obs={OBS_STATE: state}, success=ep.success, task="x"))
+
+
+def test_an_instruction_swap_relabels_the_stages_for_the_new_task():
+    frames = [((0.5, 0.0, 0.025), 0.34, (0.5, 0.0, 0.02)), ((0.5, 0.0, 0.1), 0.34, (0.5, 0.0, 0.1))]
+    state = torch.tensor(np.stack([[*p, o, *np.zeros(7)] for p, o, _ in frames]), dtype=torch.float32)
+    red = Episode(obs={OBS_STATE: state, OBS_ENV_STATE: torch.tensor(np.stack([_env_state("pick-red", r)
+                                                                               for _, _, r in frames]))},
+                  success=torch.tensor([False, True]), task="pick up the red cube")
+    blue = Episode(obs={OBS_STATE: state[:1], OBS_ENV_STATE: torch.tensor(_env_state("pick-blue", (0.3, 0.2, 0.02)))[None]},
+                   success=torch.tensor([False]), task="pick up the blue cube")
+    # the red cube grasped, then lifted (a success) ...
+    assert stage_targets(red).tolist() == [0.5, 1.0]
+    swaps = instruction_swaps([red, blue], seed=0, successes_only=False)
+    assert [e.task for e in swaps] == ["pick up the blue cube", "pick up the red cube"]
+    # ... is no progress at all at picking the blue one, which the arm never reached
+    assert stage_targets(swaps[0]).tolist() == [0.0, 0.0]
+    assert swaps[0].obs[OBS_STATE] is red.obs[OBS_STATE] and red.obs[OBS_ENV_STATE][0, -1] == TASK_INDEX["pick-red"]
+    only = instruction_swaps([red, blue], seed=0)  # a classifier's swaps: the successes only
+    assert [(e.task, e.obs[OBS_STATE] is red.obs[OBS_STATE]) for e in only] == [("pick up the blue cube", True)]
+    with pytest.raises(ValueError, match="--labels stages"):
+        fit_reward_model("progress", [red, blue], [stage_targets(red), stage_targets(blue)],
+                         FitConfig(epochs=1, width=4, holdout=0.0, counterfactual=True))
 
 
 def test_event_boundaries_at_gripper_changes_and_rests():
@@ -241,6 +271,63 @@ def test_classifier_reads_the_instruction_when_success_depends_on_it(tmp_path):
     assert model.instruction_ids(["please GO right, now"]).tolist() == [[0, 1, 3, 0]]
     with pytest.raises(RewardInputError, match="has no 'task'"):
         model.predict({OBS_STATE: obs[OBS_STATE]})
+
+
+def _two_cube_episodes(n: int, seed: int = 0) -> list[Episode]:
+    """8 px images with a red and a blue square, each up (top rows) or down; ``lift the red cube`` succeeds on
+    the frames where the red one is up, ``lift the blue cube`` where the blue one is: which colour is up has
+    to be read from the pixels and bound to the instruction's colour word."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        colour = "red" if i % 2 else "blue"
+        frames, flags = [], []
+        for _ in range(4):
+            img = torch.zeros(8, 8, 3, dtype=torch.uint8)
+            up = torch.rand(2, generator=gen) < 0.5
+            for channel, (is_up, col) in enumerate(zip(up.tolist(), (1, 5))):
+                row = 1 if is_up else 5
+                img[row:row + 2, col:col + 2, 0 if channel == 0 else 2] = 255
+            frames.append(img)
+            flags.append(bool(up[0] if colour == "red" else up[1]))
+        out.append(Episode(obs={CAM: torch.stack(frames)}, success=torch.tensor(flags),
+                           task=f"lift the {colour} cube"))
+    return out
+
+
+def test_film_starts_as_the_concatenating_model_and_binds_the_named_colour_to_the_pixels(tmp_path):
+    config = RewardModelConfig(inputs={CAM: [8, 8, 3]}, width=8, vocabulary=["blue", "red"], film=True)
+    film = RewardModel(config)
+    plain = RewardModel(RewardModelConfig(inputs={CAM: [8, 8, 3]}, width=8, vocabulary=["blue", "red"]))
+    plain.load_state_dict({k: v for k, v in film.state_dict().items() if not k.startswith("film.")})
+    obs = {CAM: torch.randint(0, 256, (3, 8, 8, 3), dtype=torch.uint8), TASK: ["red", "blue", "green"]}
+    assert torch.allclose(film(obs), plain(obs))  # zero-initialized FiLM: the identity
+    eps = _two_cube_episodes(240)
+    fit = FitConfig(epochs=30, batch_size=32, lr=3e-3, width=8, holdout=0.25, seed=0)
+    model, _, held = fit_reward_model("classifier", eps, [success_targets(e) for e in eps], fit)
+    assert model.config.film and model.film is not None
+    concat, _, _ = fit_reward_model("classifier", eps, [success_targets(e) for e in eps],
+                                    dataclasses.replace(fit, film=False))
+    held_eps = [eps[i] for i in held]
+    with_film, without = classifier_metrics(model, held_eps), classifier_metrics(concat, held_eps)
+    assert with_film["accuracy"] >= 0.95 and without["accuracy"] <= 0.85, (with_film, without)
+    loaded = load_reward_model(model.save(tmp_path / "film"))
+    assert loaded.film is not None and torch.equal(loaded.predict(obs), model.predict(obs))
+
+
+def test_counterfactual_instructions_add_each_success_as_a_failure_of_another_instruction():
+    eps = _two_cube_episodes(40)
+    swaps = instruction_swaps(eps, seed=0)
+    successes = [e for e in eps if e.succeeded]
+    assert len(swaps) == len(successes) > 0
+    for original, swap in zip(successes, swaps):
+        assert swap.obs is original.obs and swap.task != original.task and not swap.success.any()
+    # one instruction: nothing to swap with, and a fit asked for it says why
+    one = [Episode(obs=e.obs, success=e.success, task="lift the red cube") for e in eps]
+    assert not instruction_swaps(one, seed=0)
+    with pytest.raises(ValueError, match="fit.counterfactual"):
+        fit_reward_model("classifier", one, [success_targets(e) for e in one],
+                         FitConfig(epochs=1, width=4, holdout=0.0, counterfactual=True))
 
 
 def test_fit_config_names_bad_settings():

@@ -193,6 +193,7 @@ def _show(title: str, metrics: dict[str, Any]) -> None:
 
 def reward_train(cfg: RewardTrainConfig) -> dict[str, Any]:
     """Fit, report held-out metrics, save. Returns ``{"path", "held_out", "train"}``."""
+    from rewards.learned.labels import stage_targets
     from rewards.learned.train import fit_reward_model
 
     needs_privileged = cfg.kind == "progress" and cfg.labels == "stages"
@@ -203,7 +204,9 @@ def reward_train(cfg: RewardTrainConfig) -> dict[str, Any]:
     episodes = load_episodes(cfg.env, cfg.source, keys)
     kept, targets = _targets(cfg.kind, cfg.labels, episodes)
     try:
-        model, train_idx, held_idx = fit_reward_model(cfg.kind, kept, targets, cfg.fit, desc=f"fit {cfg.kind}")
+        model, train_idx, held_idx = fit_reward_model(
+            cfg.kind, kept, targets, cfg.fit, desc=f"fit {cfg.kind}",
+            relabel=stage_targets if cfg.kind == "progress" and cfg.labels == "stages" else None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     held = _metrics(model, [kept[i] for i in held_idx], [targets[i] for i in held_idx], cfg.fit.threshold)
