@@ -399,7 +399,10 @@ def render(results: dict[str, Any]) -> str:
         reads = ("the cameras only" if first.get("inputs") and "observation.state" not in first["inputs"]
                  else "the cameras and `observation.state`")
         if first.get("reads_instruction"):
-            reads = reads.replace(" only", "") + " and the instruction's words"
+            reads = reads.replace(" only", "") + " and the instruction's words" + (
+                " (which also scale and shift the CNN's channels: FiLM)" if first.get("film") else "")
+        swaps = ("; every successful training episode also trains again under another pick instruction, as a "
+                 "failure" if first.get("counterfactual") else "")
         schedule = ", the learning rate decaying to 0 along a cosine" if first.get("lr_schedule") == "cosine" else ""
         args = sec.get("conditions", {}).get("args", {})
         expert = args.get("episodes", 400)
@@ -410,7 +413,7 @@ def render(results: dict[str, Any]) -> str:
                 + (f", plus {extra} training and {extra} held-out episodes of the seed's pre-trained policy exploring"
                    if extra else "")
                 + "; a classifier (shared 3-layer CNN per camera + state MLP, width 32) trained "
-                f"{args.get('epochs', 8)} epochs on {reads} (never the privileged state){schedule}. *Episode accuracy*: its "
+                f"{args.get('epochs', 8)} epochs on {reads} (never the privileged state){schedule}{swaps}. *Episode accuracy*: its "
                 "verdict on each held-out episode's final observation against the simulator's success. *First "
                 "verdict*: the episode called a success if any of its frames is judged one, which is where a "
                 "terminating `classifier` reward asked after every step would end it (failures called success: "
