@@ -75,17 +75,18 @@ class Episode:
 
 def swap_instruction(episode: Episode, task: str, task_index: int | None = None) -> Episode:
     """The episode's frames under another instruction ``task``, labelled failure on every frame (sharing the
-    frames). With ``task_index``, the privileged task index the frames carry (``observation.env_state``'s last
-    column, ``task_index``) is set to it too, so :func:`stage_targets` labels the frames for the new task."""
+    frames). With ``task_index``, the task index the frames carry (``task_index``, and ``observation.env_state``'s
+    last column where it holds the same index, as on the MuJoCo tabletop) is set to it too, so
+    :func:`stage_targets` labels the frames for the new task."""
     obs = episode.obs
-    if task_index is not None:
+    if task_index is not None and TASK_INDEX_KEY in obs:
         obs = dict(obs)
-        if OBS_ENV_STATE in obs:
+        old = obs[TASK_INDEX_KEY]
+        obs[TASK_INDEX_KEY] = torch.full_like(old, task_index)
+        if OBS_ENV_STATE in obs and torch.equal(obs[OBS_ENV_STATE][:, -1].round().long(), old.reshape(-1).long()):
             env_state = obs[OBS_ENV_STATE].clone()
             env_state[:, -1] = task_index
             obs[OBS_ENV_STATE] = env_state
-        if TASK_INDEX_KEY in obs:
-            obs[TASK_INDEX_KEY] = torch.full_like(obs[TASK_INDEX_KEY], task_index)
     return Episode(obs=obs, success=torch.zeros_like(episode.success), task=task)
 
 

@@ -15,6 +15,7 @@ from policies.io import CheckpointError
 from rewards import RewardConfig, RewardFunction
 from rewards.learned.data import record_episodes
 from rewards.learned.labels import (
+    TASK_INDEX_KEY,
     Episode,
     event_boundaries,
     event_targets,
@@ -77,9 +78,11 @@ def test_an_instruction_swap_relabels_the_stages_for_the_new_task():
     frames = [((0.5, 0.0, 0.025), 0.34, (0.5, 0.0, 0.02)), ((0.5, 0.0, 0.1), 0.34, (0.5, 0.0, 0.1))]
     state = torch.tensor(np.stack([[*p, o, *np.zeros(7)] for p, o, _ in frames]), dtype=torch.float32)
     red = Episode(obs={OBS_STATE: state, OBS_ENV_STATE: torch.tensor(np.stack([_env_state("pick-red", r)
-                                                                               for _, _, r in frames]))},
+                                                                               for _, _, r in frames])),
+                       TASK_INDEX_KEY: torch.full((2,), TASK_INDEX["pick-red"])},
                   success=torch.tensor([False, True]), task="pick up the red cube")
-    blue = Episode(obs={OBS_STATE: state[:1], OBS_ENV_STATE: torch.tensor(_env_state("pick-blue", (0.3, 0.2, 0.02)))[None]},
+    blue = Episode(obs={OBS_STATE: state[:1], OBS_ENV_STATE: torch.tensor(_env_state("pick-blue", (0.3, 0.2, 0.02)))[None],
+                        TASK_INDEX_KEY: torch.full((1,), TASK_INDEX["pick-blue"])},
                    success=torch.tensor([False]), task="pick up the blue cube")
     # the red cube grasped, then lifted (a success) ...
     assert stage_targets(red).tolist() == [0.5, 1.0]
@@ -87,6 +90,7 @@ def test_an_instruction_swap_relabels_the_stages_for_the_new_task():
     assert [e.task for e in swaps] == ["pick up the blue cube", "pick up the red cube"]
     # ... is no progress at all at picking the blue one, which the arm never reached
     assert stage_targets(swaps[0]).tolist() == [0.0, 0.0]
+    assert swaps[0].obs[TASK_INDEX_KEY].tolist() == [TASK_INDEX["pick-blue"]] * 2
     assert swaps[0].obs[OBS_STATE] is red.obs[OBS_STATE] and red.obs[OBS_ENV_STATE][0, -1] == TASK_INDEX["pick-red"]
     only = instruction_swaps([red, blue], seed=0)  # a classifier's swaps: the successes only
     assert [(e.task, e.obs[OBS_STATE] is red.obs[OBS_STATE]) for e in only] == [("pick up the blue cube", True)]
