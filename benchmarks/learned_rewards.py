@@ -11,7 +11,8 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   frame precision / recall. Saves the classifier for the next part. ``--policy_episodes N`` adds N episodes of
   the seed's pre-trained policy exploring (training and held out; the negatives an RL policy reaches),
   ``--images_only`` drops the arm state from the inputs, ``--classifier NAME`` names the variant (its folder and
-  its results section, e.g. ``classifier (classifier-v2)``).
+  its results section, e.g. ``classifier (classifier-v2)``); ``--counterfactual`` also trains on every successful
+  training episode under another pick instruction, as a failure (FiLM, ``--film``, is on by default).
 - ``ppo-classifier``: ``vla-rl quickstart`` (demos, few-shot imitation, Flow-SDE PPO, 400 held-out episodes
   before and after) with the reward replaced by ``{classifier: 1.0}``: the learner never sees the simulator's
   success or dense reward; evaluation scores the simulator's success. Target: after - before >= +0.15. The
@@ -22,7 +23,9 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
 - ``prm``: a process reward model (``stages`` labels) trained like the classifier; then two quickstart RL runs
   from the same pre-trained start, ``{success: 1.0}`` and ``{success: 1.0, prm: <weight>}``, evaluated every
   ``--eval_every`` iterations on 400 held-out episodes; reports the env steps at which the PRM run first
-  reaches the sparse run's final success (target: <= 60% of the sparse run's steps).
+  reaches the sparse run's final success (target: <= 60% of the sparse run's steps). ``--prm NAME`` names the PRM
+  folder (another recipe, e.g. with ``--counterfactual``: every episode also under another instruction, its stages
+  recomputed) and its mixed run; the sparse run is shared.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``) at the same iterations and env
@@ -45,6 +48,9 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts classifier bc-classifier --classifier classifier-v2 \
         --images_only --policy_episodes 200 --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts prm --seeds 0 1 2
+    python benchmarks/learned_rewards.py --parts classifier ppo-classifier bc-classifier --classifier classifier-v5 \
+        --counterfactual --policy_episodes 200 --seeds 0 1 2 3
+    python benchmarks/learned_rewards.py --parts prm --prm progress-v2 --counterfactual --seeds 0 2 3 --tag progress-v2
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --parts classifier ppo-classifier --classifier classifier-v2 \
         --images_only --policy_episodes 200 --start_success 0.35 --tag "classifier-v2, start 0.35" --out runs/weak
