@@ -14,8 +14,8 @@ scales and shifts every CNN channel before its ReLU (FiLM), so what the CNN look
 on purpose (tens of thousands of parameters): it trains in a few minutes on a CPU from a few hundred episodes.
 
 The instruction matters on multi-task envs: on ``mujoco/pick-any`` a classifier that sees only the cameras and
-the arm cannot tell the named cube lifted from another one, and PPO on it learns to lift whichever cube is
-nearest. Concatenating the words' embedding after the CNN did not teach this small network to bind the colour
+the arm cannot tell the named cube lifted from another one, and PPO on it learns to lift cubes it was not
+asked for. Concatenating the words' embedding after the CNN did not teach this small network to bind the colour
 word to the cube in the gripper; FiLM together with instruction-swapped failures
 (:attr:`rewards.learned.train.FitConfig.counterfactual`) did (docs/benchmarks.md, "Learned rewards: reading",
 session 22). Words are lower-cased runs of letters and digits; words the training instructions never used are
