@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sim.tasks import TASK_INDEX as TASK_INDEX_KEY
 from vla_core.keys import OBS_ENV_STATE, OBS_STATE
 
 # The rule that rebuilds the MuJoCo tabletop's contact flags from positions (task_state_from_obs).
@@ -37,9 +38,6 @@ GRASP_RADIUS = 0.025
 TOUCH_RADIUS = 0.045
 """m: the cube whose centre is this close to the pinch point (xy) with the pinch point below the cube's top
 plus 2 cm counts as touched (the fingers reach about 2.5 cm past the cube's side)."""
-
-TASK_INDEX_KEY = "task_index"
-"""Observation key of the MuJoCo tabletop's task index (also ``observation.env_state``'s last column)."""
 
 # Event segmentation (event_boundaries).
 GRIPPER_INDEX = 3

@@ -33,8 +33,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from rewards.learned.labels import TASK_INDEX_KEY, Episode, swap_instruction
+from rewards.learned.labels import Episode, swap_instruction
 from rewards.learned.model import INSTRUCTION_IDS, RewardModel, RewardModelConfig, instruction_words
+from sim.tasks import TASK_INDEX as TASK_INDEX_KEY
 from vla_core.keys import OBS_STATE
 
 INSTRUCTION_MODES = ("auto", "yes", "no")
@@ -127,10 +128,10 @@ def instruction_swaps(episodes: list[Episode], seed: int, successes_only: bool =
     labels, which are recomputed for the new instruction). Where the episodes carry a privileged task index, the
     copies carry the new instruction's. The copies share the originals' frames."""
     tasks = sorted({e.task for e in episodes if e.task})
-    index = {e.task: int(e.obs[TASK_INDEX_KEY].reshape(-1)[0]) for e in episodes if TASK_INDEX_KEY in e.obs}
-    rng = random.Random(seed)
     if len(tasks) < 2:
         return []
+    index = {e.task: int(e.obs[TASK_INDEX_KEY].reshape(-1)[0]) for e in episodes if TASK_INDEX_KEY in e.obs}
+    rng = random.Random(seed)
     out = []
     for e in episodes:
         if e.task not in tasks or (successes_only and not e.succeeded):

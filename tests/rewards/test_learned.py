@@ -15,7 +15,6 @@ from policies.io import CheckpointError
 from rewards import RewardConfig, RewardFunction
 from rewards.learned.data import record_episodes
 from rewards.learned.labels import (
-    TASK_INDEX_KEY,
     Episode,
     event_boundaries,
     event_targets,
@@ -36,6 +35,7 @@ from rewards.learned.train import (
 )
 from sim.core import OBS_ENV_STATE, OBS_STATE, TASK, ChunkSteps, image_key
 from sim.mujoco_tasks.tasks import TASK_INDEX, TASKS, stage_progress
+from sim.tasks import TASK_INDEX as TASK_INDEX_KEY
 from sim.vector import SerialVecEnv
 from tests.sim.toy_env import CounterEnv
 from tests.vla_rl.toy_policy import GaussianPolicy
