@@ -39,6 +39,10 @@ class TPOConfig(LearnerConfig):
     counts this much against its pair's margin (:func:`tpo_loss`); 0 is GRAPE's loss. Pure TPO on a flow policy's
     denoising chains widens the margin by making both trajectories less likely, the chosen one included, which
     moves the policy away from what succeeded (docs/training.md, GRAPE)."""
+    chosen_nll: float = 0.0
+    """RPO's ``alpha`` (Pang et al., 2024): adds ``alpha`` times the chosen trajectory's negative log-likelihood per
+    decision (its recorded denoising chain or action tokens) to the loss, so the chosen trajectories are pulled up,
+    not only kept from falling (``chosen_penalty``); 0 is GRAPE's loss."""
     lr: float = 1e-5
     """Learning rate of the policy parameters (AdamW)."""
     epochs: int = 4
@@ -60,8 +64,9 @@ class TPOConfig(LearnerConfig):
                 raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"algo.lr must be > 0, got {self.lr}")
-        if not self.chosen_penalty >= 0:
-            raise ValueError(f"algo.chosen_penalty must be >= 0, got {self.chosen_penalty}")
+        for name in ("chosen_penalty", "chosen_nll"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
 
     def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
         return dataclasses.replace(self, epochs=1, states_per_iter=1), min(num_envs, limits.max_envs)
@@ -129,6 +134,11 @@ class TPOLearner(Learner):
                 rc = torch.stack([ref[id(p.chosen)] for p in pairs]).to(lc)
                 rr = torch.stack([ref[id(p.rejected)] for p in pairs]).to(lr)
                 loss, stats = tpo_loss(lc, lr, rc, rr, self.cfg.beta, self.cfg.chosen_penalty)
+                if self.cfg.chosen_nll > 0:
+                    decisions = torch.tensor([float(len(p.chosen.actions)) for p in pairs]).to(lc)
+                    nll = -(lc / decisions).mean()
+                    loss = loss + self.cfg.chosen_nll * nll
+                    stats["chosen_nll"] = nll.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
