@@ -128,6 +128,22 @@ def test_simulated_operator_recovers_without_resetting_the_simulator(monkeypatch
     assert stats.successes >= 1
 
 
+def test_a_budget_cut_session_counts_the_takeovers_of_the_episodes_it_cuts(tmp_path):
+    """RaC rounds stop at an operator budget with episodes under way in every env: those are recorded, and their
+    takeovers count (session 19's RaC table counted only the finished episodes: 1 takeover against 25 recorded)."""
+    env = make_env("mujoco/pick-place-stack", num_envs=2, seed=0, obs_mode="state")
+    rec = EpisodeRecorder(tmp_path / "cut", "local/cut", env.spec, fps=10, extra_features=label_features())
+    ops = make_operators(OperatorConfig(reaction_delay=1, action_noise=0.0), 2, 0.04, seed=0)
+    stats = run_session(env, wrong_cube_policy, ops, episodes=100, seed=3, recorder=rec, progress=False,
+                        operator_budget=15)
+    env.close()
+    rec.finalize()
+    assert stats.operator_steps >= 15 and stats.episodes == 0 and stats.cut == 2
+    data = load_chunks(tmp_path / "cut", STATE_ONLY, horizon=1)
+    taken = {int(e) for e, lab in zip(data.episode_index.tolist(), data.label.tolist()) if lab != P}
+    assert stats.takeovers == len(taken) == 2
+
+
 def test_unlabelled_intervention_flags_split_rules():
     flags = torch.tensor([0, 1, 1, 1, 0, 1, 1, 0, 1], dtype=torch.bool)
     eps = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1, 1])

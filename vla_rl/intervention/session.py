@@ -88,6 +88,10 @@ class SessionStats:
     successes: int = 0
     steps: dict[str, int] = field(default_factory=lambda: {label.text: 0 for label in Label})
     takeovers: int = 0
+    """Recorded episodes in which the operator took over, those cut short by the budget or a quit included."""
+    cut: int = 0
+    """Episodes recorded unfinished: under way when the operator budget ran out or the session was quit (not
+    counted in ``episodes``)."""
     wall_s: float = 0.0
     outcomes: list[bool] = field(default_factory=list)
     """Per episode: success."""
@@ -102,7 +106,8 @@ class SessionStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"episodes": self.episodes, "successes": self.successes, "steps": dict(self.steps),
-                "operator_steps": self.operator_steps, "takeovers": self.takeovers, "wall_s": round(self.wall_s, 2)}
+                "operator_steps": self.operator_steps, "takeovers": self.takeovers, "cut": self.cut,
+                "wall_s": round(self.wall_s, 2)}
 
 
 def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes: int, seed: int,
@@ -195,6 +200,8 @@ def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes
                 for i in range(b):
                     if frames[i]:
                         _save(recorder, frames[i])
+                        stats.cut += 1
+                        stats.takeovers += int(took[i])
                 break
     stats.wall_s = time.perf_counter() - start
     return stats
