@@ -130,8 +130,9 @@ def intervene(cfg: InterveneConfig) -> dict:
             view.close()
         rec.finalize()
     summary = stats.as_dict()
-    print(f"saved {summary['episodes']} episodes to {out}: success {summary['successes']}/{summary['episodes']}, "
-          f"steps {summary['steps']}, {summary['takeovers']} episodes with a takeover")
+    unfinished = f" (+{summary['cut']} unfinished, cut at the end)" if summary["cut"] else ""
+    print(f"saved {summary['episodes']} episodes{unfinished} to {out}: success {summary['successes']}/"
+          f"{summary['episodes']}, steps {summary['steps']}, {summary['takeovers']} episodes with a takeover")
     return summary
 
 
