@@ -205,8 +205,16 @@ def build_tiny_lerobot_policy(
     chunk_size: int = 4,
     max_dim: int = 8,
     vlm_folder: str | Path | None = None,
+    full_size: bool = False,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> Any:
     """A tiny random ``pi0`` / ``pi05`` / ``smolvla`` adapter built with LeRobot's own classes and processors.
+
+    With ``full_size`` (pi0 / pi0.5 only) the model keeps LeRobot's real sizes (PaliGemma 2B + the 300M action
+    expert): the same architecture as the released checkpoints, random weights, for GPU memory and speed
+    measurements (``benchmarks/gpu.py``); ``dtype`` (LeRobot's ``bfloat16`` / ``float32``) and ``device`` are then
+    LeRobot's config fields, and the weights are created on ``device`` directly.
 
     Args:
         kind: ``pi0``, ``pi05`` or ``smolvla``.
@@ -214,10 +222,14 @@ def build_tiny_lerobot_policy(
         cameras, image_size, state_dim, action_dim, chunk_size: the tiny model's features.
         max_dim: LeRobot's padded ``max_state_dim`` / ``max_action_dim``.
         vlm_folder: where to write the tiny SmolVLM (smolvla only; must outlive the policy).
+        full_size: LeRobot's real model sizes instead of the tiny ones (pi0 / pi05).
+        dtype: LeRobot's ``dtype`` for the model (``float32`` or ``bfloat16``).
+        device: LeRobot's ``device`` (where the model and the pre-processor's outputs go).
 
     Raises:
-        ValueError: for an unknown ``kind`` or a smolvla build without ``vlm_folder``.
+        ValueError: for an unknown ``kind``, a smolvla build without ``vlm_folder`` or a full-size smolvla.
     """
+    import torch
     from lerobot.configs import FeatureType, PolicyFeature
     from lerobot.policies.factory import make_pre_post_processors
 
@@ -229,7 +241,7 @@ def build_tiny_lerobot_policy(
     outputs = {"action": PolicyFeature(FeatureType.ACTION, (action_dim,))}
     common = dict(
         input_features=inputs, output_features=outputs, chunk_size=chunk_size, n_action_steps=chunk_size,
-        max_state_dim=max_dim, max_action_dim=max_dim, device="cpu",
+        max_state_dim=max_dim, max_action_dim=max_dim, device=device,
     )
     stats = tiny_dataset_stats(state_dim, action_dim)
     if kind in ("pi0", "pi05"):
@@ -239,13 +251,21 @@ def build_tiny_lerobot_policy(
         config_cls, policy_cls, adapter_cls = (
             (PI0Config, PI0Policy, LeRobotPI0Policy) if kind == "pi0" else (PI05Config, PI05Policy, LeRobotPI05Policy)
         )
-        cfg = config_cls(**common, image_resolution=(image_size, image_size), tokenizer_max_length=24)
-        with tiny_paligemma_configs():
-            lerobot_policy = policy_cls(cfg)
+        if full_size:
+            cfg = config_cls(**common, image_resolution=(image_size, image_size), dtype=dtype)
+            with torch.device(device):  # 3B random weights: created where they will run
+                lerobot_policy = policy_cls(cfg)
+        else:
+            cfg = config_cls(**common, image_resolution=(image_size, image_size), tokenizer_max_length=24, dtype=dtype)
+            with tiny_paligemma_configs():
+                lerobot_policy = policy_cls(cfg)
         with local_hub_tokenizer(train_tokenizer()):
             pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
     elif kind == "smolvla":
         from lerobot.policies.smolvla import SmolVLAConfig, SmolVLAPolicy
+
+        if full_size:
+            raise ValueError("full_size is for pi0 / pi05; SmolVLA's full size needs its VLM's files from the hub")
 
         if vlm_folder is None:
             raise ValueError("smolvla: pass vlm_folder, a folder for the tiny SmolVLM config and processor")
@@ -259,4 +279,4 @@ def build_tiny_lerobot_policy(
     else:
         raise ValueError(f"unknown tiny LeRobot policy {kind!r}; valid: pi0, pi05, smolvla")
     config = adapter_config if adapter_config is not None else adapter_cls.CONFIG(pretrained="")
-    return adapter_cls(config, LeRobotParts(lerobot_policy, pre, post))
+    return adapter_cls(config, LeRobotParts(lerobot_policy, pre, post)).to(device)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,8 @@ from sim.backends.maniskill_common import (
     gym_make_kwargs,
     is_vulkan_failure,
     observation_spec,
+    physx_gpu_error,
+    select_vulkan_icd,
     vulkan_error,
     vulkan_message,
 )
@@ -52,6 +55,9 @@ from sim.core import OBS_ENV_STATE, OBS_STATE, EnvConfigError, EnvError, EnvSpec
 from sim.options import SimOptions
 from sim.registry import ENVS, Backend
 from sim.single import SingleEnv, StepOut
+
+_NOTED: set[str] = set()
+"""Reasons for the CPU fallback already printed in this process."""
 
 # ------------------------------------------------------------------ CPU path
 
@@ -70,7 +76,7 @@ class ManiSkillSingleEnv(SingleEnv):
 
     def __init__(self, task: str, options: ManiSkillOptions, vulkan_icd: str = "") -> None:
         if vulkan_icd:
-            os.environ["VK_ICD_FILENAMES"] = vulkan_icd
+            select_vulkan_icd(vulkan_icd)
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401  registers the tasks
 
@@ -193,8 +199,9 @@ class ManiSkillBackend(Backend):
         """Build ``num_envs`` envs of ``task`` on the CPU (worker processes) or GPU path.
 
         Raises:
-            EnvError: no Vulkan device, ``sim_backend='gpu'`` without CUDA, or
-                a missing ``vulkan_icd`` file.
+            EnvError: no Vulkan device, ``sim_backend='gpu'`` without CUDA or without
+                PhysX's CUDA library (:func:`sim.backends.maniskill_common.physx_gpu_error`; ``auto``
+                then falls back to the CPU backend with a note), or a missing ``vulkan_icd`` file.
         """
         assert isinstance(options, ManiSkillOptions)
         env_id = f"{PREFIX}/{task}"
@@ -220,11 +227,20 @@ class ManiSkillBackend(Backend):
             workers = options.num_workers if options.num_workers >= 0 else min(num_envs, os.cpu_count() or 1)
             factory = functools.partial(make_set_single, ManiSkillSingleEnv, options, icd)
             return build_vec_env([factory] * num_envs, env_id, workers, spin=options.spin)
-        if options.sim_backend == "gpu" or (options.sim_backend == "auto" and cuda):
+        gpu = options.sim_backend == "gpu" or (options.sim_backend == "auto" and cuda)
+        why = physx_gpu_error() if gpu else None
+        if why is not None and options.sim_backend == "gpu":
+            raise EnvError(f"{env_id}: sim_backend='gpu': {why}; or use sim_backend 'cpu'")
+        if why is not None:  # 'auto' on a CUDA machine that cannot get PhysX's CUDA library (offline)
+            gpu = False
+            if why not in _NOTED:
+                _NOTED.add(why)
+                print(f"note: {env_id}: sim_backend 'auto' runs ManiSkill on the CPU backend: {why}", file=sys.stderr)
+        if gpu:
             from sim.backends.maniskill_gpu import ManiSkillGPUVecEnv
 
             if icd:
-                os.environ["VK_ICD_FILENAMES"] = icd
+                select_vulkan_icd(icd)
             return ManiSkillGPUVecEnv(task, num_envs, options, env_id)
         from sim.vectorize import build_vec_env
 

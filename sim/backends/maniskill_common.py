@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +146,18 @@ except RuntimeError as exc:
 _probe_cache: dict[str, str | None] = {}
 
 
+def select_vulkan_icd(icd: str, environ: MutableMapping[str, str] | None = None) -> None:
+    """Point the Vulkan loader at the ICD json ``icd`` in ``environ`` (default ``os.environ``).
+
+    Sets ``VK_DRIVER_FILES`` as well as ``VK_ICD_FILENAMES``: loaders from 1.3.234 on read the first and ignore
+    the second when both are set (on a GPU machine whose environment sets ``VK_DRIVER_FILES``, the ICD
+    asked for would otherwise be ignored).
+    """
+    environ = os.environ if environ is None else environ
+    environ["VK_ICD_FILENAMES"] = icd
+    environ["VK_DRIVER_FILES"] = icd
+
+
 def vulkan_error(icd: str) -> str | None:
     """Why SAPIEN cannot find a Vulkan device with ``VK_ICD_FILENAMES=icd`` (None if it can).
 
@@ -155,7 +168,7 @@ def vulkan_error(icd: str) -> str | None:
     if icd not in _probe_cache:
         env = dict(os.environ)
         if icd:
-            env["VK_ICD_FILENAMES"] = icd
+            select_vulkan_icd(icd, env)
         try:
             res = subprocess.run(
                 [sys.executable, "-c", _PROBE], check=False, env=env, capture_output=True, text=True, timeout=300
@@ -202,3 +215,47 @@ def is_vulkan_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(
         s in text for s in ("rendering device", "physical device", "vk::", "vulkan", "incompatibledriver")
     )
+
+
+# ------------------------------------------------------------------ PhysX on CUDA
+
+_physx_gpu_cache: list[str | None] = []
+
+
+def physx_gpu_library() -> tuple[str, str]:
+    """Where SAPIEN keeps PhysX's CUDA library (``libPhysXGpu_64.so``) and the URL it downloads it from.
+
+    The library is not in SAPIEN's wheel: SAPIEN fetches it from GitHub the first time a GPU simulation is
+    built, into ``~/.sapien/physx/<PhysX version>/``.
+    """
+    import sapien.physx
+
+    version = sapien.physx.version()
+    folder = os.path.join(os.path.expanduser("~"), ".sapien", "physx", version)
+    url = f"https://github.com/sapien-sim/physx-precompiled/releases/download/{version}/linux-so.zip"
+    return os.path.join(folder, "libPhysXGpu_64.so"), url
+
+
+def physx_gpu_error() -> str | None:
+    """Why ManiSkill's GPU backend cannot run here although CUDA is present (None if it can).
+
+    Enables SAPIEN's GPU PhysX once per process, which downloads its CUDA library on first use (see
+    :func:`physx_gpu_library`); a machine that cannot reach GitHub and has no copy gets the reason and the fix.
+    """
+    if not _physx_gpu_cache:
+        try:
+            import sapien.physx
+
+            sapien.physx.enable_gpu()
+            _physx_gpu_cache.append(None)
+        except Exception as exc:  # no network (requests), a bad download (zip), a library that does not load
+            try:
+                path, url = physx_gpu_library()
+                fix = f"download {url} and unzip it into {os.path.dirname(path)}"
+            except Exception:  # sapien itself missing or broken: the import error says it
+                fix = "reinstall sapien"
+            _physx_gpu_cache.append(
+                f"SAPIEN could not load PhysX's CUDA library ({type(exc).__name__}: {str(exc)[:200]}); "
+                f"SAPIEN fetches it from GitHub on first use: {fix}"
+            )
+    return _physx_gpu_cache[0]

@@ -24,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sim.backends.maniskill_common import PREFIX, ManiSkillOptions
+from sim.backends.maniskill_common import PREFIX, ManiSkillOptions, select_vulkan_icd
 from sim.core import OBS_ENV_STATE, EnvError, EnvSpec, TensorSpec, image_key
 from sim.single import SingleEnv, StepOut
 from sim.tasks import TASK_INDEX, Assignment, TaskSchedule
@@ -125,5 +125,5 @@ def make_set_single(single_env: Callable[[str, ManiSkillOptions, str], SingleEnv
                     vulkan_icd: str) -> ManiSkillSetEnv:
     """Module-level factory (picklable through ``functools.partial``) run inside a worker."""
     if vulkan_icd:
-        os.environ["VK_ICD_FILENAMES"] = vulkan_icd
+        select_vulkan_icd(vulkan_icd)
     return ManiSkillSetEnv(single_env, options, vulkan_icd)

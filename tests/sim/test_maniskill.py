@@ -19,7 +19,15 @@ import torch
 
 from rewards.terms import env_terms
 from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, image_key, list_envs, make_env
-from sim.backends.maniskill_common import ManiSkillOptions, default_lavapipe_icd, vulkan_error, vulkan_message
+from sim.backends import maniskill as maniskill_backend
+from sim.backends import maniskill_common
+from sim.backends.maniskill_common import (
+    ManiSkillOptions,
+    default_lavapipe_icd,
+    physx_gpu_error,
+    vulkan_error,
+    vulkan_message,
+)
 from sim.backends.maniskill_tasks import TASKS
 from sim.experts import maniskill as experts
 
@@ -295,8 +303,53 @@ def test_gpu_vec_env_logic_on_physx_cpu(icd: str) -> None:
         env.close()
 
 
+class _TorchWithCuda:
+    """``torch`` as the backend module sees it on a CUDA machine (only ``cuda.is_available`` differs)."""
+
+    class cuda:  # noqa: N801  mirrors torch.cuda
+        @staticmethod
+        def is_available() -> bool:
+            return True
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
+def test_auto_falls_back_to_the_cpu_backend_without_physx_cuda_library(icd, monkeypatch, capsys) -> None:
+    """On a CUDA machine that cannot get PhysX's CUDA library (offline: SAPIEN downloads it from GitHub on first
+    use), ``auto`` builds the CPU backend with a note, and ``gpu`` fails naming the reason."""
+    reason = "SAPIEN could not load PhysX's CUDA library (test)"
+    monkeypatch.setattr(maniskill_backend, "torch", _TorchWithCuda())
+    monkeypatch.setattr(maniskill_backend, "physx_gpu_error", lambda: reason)
+    env = make_env("maniskill/PickCube-v1", num_envs=1, seed=0, obs_mode="state", num_workers=0, vulkan_icd=icd)
+    try:
+        assert type(env).__name__ != "ManiSkillGPUVecEnv" and env.reset(seed=0)[OBS_STATE].shape[0] == 1
+    finally:
+        env.close()
+    assert "runs ManiSkill on the CPU backend" in capsys.readouterr().err
+    with pytest.raises(EnvError, match=r"sim_backend='gpu'.*PhysX's CUDA library \(test\)"):
+        make_env("maniskill/PickCube-v1", num_envs=2, obs_mode="state", sim_backend="gpu", vulkan_icd=icd)
+
+
+def test_physx_cuda_library_error_names_the_download(icd, monkeypatch) -> None:
+    import sapien.physx
+
+    def offline() -> None:
+        raise ConnectionError("Failed to resolve 'github.com'")
+
+    monkeypatch.setattr(maniskill_common, "_physx_gpu_cache", [])
+    monkeypatch.setattr(sapien.physx, "enable_gpu", offline)
+    why = physx_gpu_error()
+    assert why is not None and "ConnectionError" in why and "github.com" in why
+    assert f"physx-precompiled/releases/download/{sapien.physx.version()}/linux-so.zip" in why
+    assert os.path.join(".sapien", "physx", sapien.physx.version()) in why
+    assert physx_gpu_error() is why  # asked once per process
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="ManiSkill's physx_cuda backend needs a CUDA GPU")
 def test_gpu_batched_envs(icd: str) -> None:
+    if physx_gpu_error() is not None:
+        pytest.skip(physx_gpu_error())
     env = make_env(
         "maniskill/PickCube-v1", num_envs=4, seed=0, obs_mode="state", sim_backend="gpu", max_episode_steps=5
     )

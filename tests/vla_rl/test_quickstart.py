@@ -207,3 +207,19 @@ def test_quickstart_on_maniskill(tmp_path):
     # the dataset, and the lock two runs of one seed take turns on (vla_core.manifest.exclusive)
     assert sorted(p.name for p in (tmp_path / "demos").iterdir()) == [
         "maniskill-PickCube-v1-rgb0-n4-noise0.1-s0", "maniskill-PickCube-v1-rgb0-n4-noise0.1-s0.lock"]
+
+
+@pytest.mark.parametrize("physx_cuda", [True, False])
+def test_quickstart_env_on_a_cuda_machine(monkeypatch, capsys, physx_cuda):
+    """With CUDA the quickstart runs ManiSkill on its GPU backend, unless SAPIEN cannot load PhysX's CUDA library
+    (an offline machine): then the MuJoCo tabletop, with a note saying why."""
+    from sim.backends import maniskill_common
+    from vla_rl.commands import quickstart
+
+    monkeypatch.setattr(quickstart.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(maniskill_common, "physx_gpu_error", lambda: None if physx_cuda else "no library (test)")
+    env = quickstart._quickstart_env()
+    if physx_cuda:
+        assert (env.id, env.num_envs) == ("maniskill/PickCube-v1", 64)
+    else:
+        assert env.id == "mujoco/pick-any" and "no library (test)" in capsys.readouterr().out

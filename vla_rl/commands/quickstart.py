@@ -55,8 +55,18 @@ from vla_rl.train_config import (
 from vla_rl.trainer import Trainer, seed_everything
 
 
+def _maniskill_gpu_ready() -> bool:
+    """Whether ManiSkill's GPU backend can run: SAPIEN installed, PhysX's CUDA library in place or fetchable."""
+    from sim.backends.maniskill_common import physx_gpu_error
+
+    why = physx_gpu_error()
+    if why is not None:
+        print(f"note: the quickstart runs on the MuJoCo tabletop: ManiSkill's GPU backend is not available ({why})")
+    return why is None
+
+
 def _quickstart_env() -> EnvConfig:
-    if torch.cuda.is_available():  # ManiSkill's GPU backend (picked automatically with CUDA), more envs
+    if torch.cuda.is_available() and _maniskill_gpu_ready():  # ManiSkill's GPU backend, more envs
         return EnvConfig(id="maniskill/PickCube-v1", num_envs=64, obs_mode="rgb", image_size=64)
     # Two worker processes step the envs about a third faster than this process alone, with the same episodes.
     workers = 2 if (os.cpu_count() or 1) >= 2 else 0
