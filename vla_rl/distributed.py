@@ -80,6 +80,13 @@ class PolicyCall(torch.nn.Module):
         return getattr(self.policy, method)(*args, **kwargs)
 
 
+def default_device() -> torch.device:
+    """Where a one-process run puts its policy: PyTorch's current CUDA device when it sees one (hide the GPUs with
+    ``CUDA_VISIBLE_DEVICES=""`` to train on the CPU), else the CPU. Env tensors stay where their simulator keeps
+    them; rollouts are stored on the CPU and each minibatch meets the policy on its device."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 class Distributed:
     """The ranks of this run (see the module doc). ``Distributed()`` is one process; every method is then trivial.
 
@@ -137,8 +144,8 @@ class Distributed:
 
     @property
     def device(self) -> torch.device:
-        """This rank's device (its GPU, or the CPU)."""
-        return self.accelerator.device if self.enabled else torch.device("cpu")
+        """This rank's device (its GPU, or the CPU); one process: :func:`default_device`."""
+        return self.accelerator.device if self.enabled else default_device()
 
     # -- sizes and seeds
     def shard(self, total: int, field: str) -> int:

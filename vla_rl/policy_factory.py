@@ -62,7 +62,10 @@ def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
         policy: a :class:`vla_rl.train_config.PolicyConfig` choice (``--policy.*``).
         spec: the env's spec (or a dataset's, :meth:`vla_rl.data.DatasetSpec.env_spec`).
         smoke: build the policy type's tiny variant where it has a builder (``--smoke true``).
+
+    The policy is placed on :func:`vla_rl.distributed.default_device` (the GPU when there is one).
     """
+    from vla_rl.distributed import default_device
     from vla_rl.train_config import policy_options, policy_type
 
     options = policy_options(policy)
@@ -74,8 +77,8 @@ def build_policy(policy: Any, spec: EnvSpec, smoke: bool = False) -> Policy:
         note_sampler_change(policy.path, overrides.get("sampler"))
         loaded = load_policy(policy.path, **overrides)  # a damaged or missing checkpoint is reported first
         check_checkpoint_options(policy.path, policy_type(policy), options, saved)
-        return loaded
-    return build_policy_from_fields(policy_type(policy), options, spec_fields(spec), smoke=smoke)
+        return loaded.to(default_device())
+    return build_policy_from_fields(policy_type(policy), options, spec_fields(spec), smoke=smoke).to(default_device())
 
 
 def check_checkpoint_options(path: str, name: str, options: dict[str, Any], saved: dict[str, Any]) -> None:

@@ -100,7 +100,8 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], plots: Sequence[P
         f"# {summary.get('name', run_dir.name)}",
         "",
         f"Env `{summary.get('env_id')}`, policy `{summary.get('policy')}`, algorithm `{summary.get('algorithm')}`, "
-        f"seed {summary.get('seed')}, {summary.get('wall_seconds', 0):.0f} s wall-clock.",
+        f"seed {summary.get('seed')}, {summary.get('wall_seconds', 0):.0f} s wall-clock"
+        + (f", learner on `{summary['device']}`." if summary.get("device") else "."),
         "",
         "| | success | 95% CI | episodes |",
         "|---|---|---|---|",

@@ -190,8 +190,8 @@ class Trainer:
             else:
                 policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
             learner: Learner = self.learner_cls(cfg.algo.for_run(cfg.iterations), policy)
+            learner.to(dist.device)  # a GPU when there is one, also in a one-process run
             if dist.enabled:  # same initial weights on every rank; from here on each rank draws its own noise
-                learner.to(dist.device)
                 learner.distribute(dist)
                 seed_everything(rank_seed(cfg.seed, dist.rank))
             start_iter, best = 0, None
@@ -314,7 +314,7 @@ class Trainer:
         if last is not None:
             self._write_eval(last, "after")
         return {"before": first, "after": last, "run_dir": str(self.run_dir), "env_steps": engine.total_env_steps,
-                "main": dist.is_main}
+                "main": dist.is_main, "device": str(dist.device)}
 
     def _offline_data(self, learner: Learner, policy: Policy) -> ChunkDataset | None:
         """The ``data.path`` dataset as chunks of the policy's horizon, for a learner that needs

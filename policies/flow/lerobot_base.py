@@ -220,10 +220,16 @@ class LeRobotFlowPolicy(FlowPolicy):
             batch[key] = obs[key].permute(0, 3, 1, 2).float() / 255.0
         return batch, b
 
+    def _preprocess(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """LeRobot's pre-processor, its tensors then on this policy's device: its device step keeps the device
+        the pipeline was built or loaded with, while the policy may have moved since (``.to("cuda")``)."""
+        processed = self.preprocessor(batch)
+        return {k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in processed.items()}
+
     def encode(self, obs: dict[str, Any]) -> FlowContext:
         """Preprocess with LeRobot's pipeline, encode the prefix once, return the velocity function."""
         batch, b = self.to_lerobot_batch(obs)
-        processed = self.preprocessor(batch)
+        processed = self._preprocess(batch)
         prefix = self._encode_prefix(processed)
         state = processed.get(OBS_STATE)  # normalized by LeRobot's processor; the latent-noise actor reads it
 
@@ -280,7 +286,7 @@ class LeRobotFlowPolicy(FlowPolicy):
         batch["action"] = actions.float()
         if action_mask is not None:
             batch["action_is_pad"] = ~action_mask.bool()
-        loss, _ = self.lerobot.forward(self.preprocessor(batch))
+        loss, _ = self.lerobot.forward(self._preprocess(batch))
         return loss
 
     def reference_actions(self, obs: dict[str, Any], noise: Tensor) -> Tensor:
@@ -290,7 +296,7 @@ class LeRobotFlowPolicy(FlowPolicy):
         """
         batch, _ = self.to_lerobot_batch(obs)
         with torch.no_grad():
-            actions = self.lerobot.predict_action_chunk(self.preprocessor(batch), noise=noise.to(self.device))
+            actions = self.lerobot.predict_action_chunk(self._preprocess(batch), noise=noise.to(self.device))
         return self.actions_to_env(actions)
 
     # -- checkpoints --------------------------------------------------------------------------

@@ -162,3 +162,31 @@ def test_fsdp_config_for_pi0_names_layer_classes_that_exist() -> None:
 
     existing = {_get_pi_gemma_decoder_layer_base().__name__, modeling_siglip.SiglipEncoderLayer.__name__}
     assert set(names) == existing, f"{names} are not the layer classes of LeRobot's pi0 / pi0.5 ({existing})"
+
+
+def test_one_process_trains_on_the_gpu_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-process run (no launcher) puts its learner on PyTorch's current CUDA device when it sees one."""
+    from vla_rl.distributed import default_device
+
+    assert SINGLE.device == default_device() == torch.device("cuda" if torch.cuda.is_available() else "cpu",
+                                                             0 if torch.cuda.is_available() else None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert SINGLE.device == torch.device("cuda", 1)
+
+
+def test_learner_to_moves_the_frozen_reference_and_the_optimizer_state() -> None:
+    """``Learner.to`` (what the trainer calls with the run's device) moves every module the learner holds."""
+    from policies.mlp import GaussianMLPConfig, GaussianMLPPolicy
+    from vla_rl.algorithms.ppo import PPOConfig, PPOLearner
+
+    policy = GaussianMLPPolicy(GaussianMLPConfig(state_dim=2, env_state_dim=1, action_dim=1, chunk_size=2, hidden=(8,)))
+    learner = PPOLearner(PPOConfig(kl_coef=0.1), policy)
+    p = next(policy.parameters())
+    p.grad = torch.ones_like(p)
+    learner.optimizer.step()  # Adam moments exist
+    learner.to("meta")
+    assert {q.device.type for q in policy.parameters()} == {"meta"}
+    assert learner.reference is not None and {q.device.type for q in learner.reference.parameters()} == {"meta"}
+    moments = [v for s in learner.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert moments and {m.device.type for m in moments} == {"meta"}

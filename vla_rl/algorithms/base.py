@@ -245,9 +245,13 @@ class Learner(abc.ABC):
         return [opt] if opt is not None else []
 
     def to(self, device: torch.device | str) -> Learner:
-        """Move the policy and the optimizers' state (Adam moments, steps) to ``device``."""
+        """Move the policy, every other module the learner holds (a frozen reference, an actor copy) and the
+        optimizers' state (Adam moments, steps) to ``device``."""
         device = torch.device(device)
         self.policy.to(device)
+        for value in vars(self).values():
+            if isinstance(value, torch.nn.Module) and value is not self.policy:
+                value.to(device)
         for opt in self.optimizers():
             for state in opt.state.values():
                 for key, value in state.items():

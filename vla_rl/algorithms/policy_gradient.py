@@ -228,9 +228,11 @@ class PolicyGradientLearner(Learner):
         obs = rollout.flat_obs(idx)
         outputs = self.call("evaluate", obs, {k: v[idx] for k, v in extras.items()})
         logp, entropy, value = outputs
-        loss = torch.zeros(())
+        dev = logp.device  # the policy's (a GPU); the rollout's tensors stay on the CPU
+        loss = torch.zeros((), device=dev)
         if not warmup:
-            pl, ps = ppo_policy_loss(logp, old_logp[idx], adv_f[idx], cfg.clip_low, cfg.clip_high, cfg.dual_clip or None)
+            pl, ps = ppo_policy_loss(logp, old_logp[idx].to(dev), adv_f[idx].to(dev), cfg.clip_low, cfg.clip_high,
+                                     cfg.dual_clip or None)
             loss = loss + pl + entropy_bonus(entropy, cfg.ent_coef)
             _add(stats, ps)
             _add(stats, {"entropy": entropy.mean()})
@@ -240,7 +242,7 @@ class PolicyGradientLearner(Learner):
                 kl = kl_k3(logp, ref_logp)
                 loss = loss + cfg.kl_coef * kl
                 _add(stats, {"kl_ref": kl})
-        critic = self.value_loss(value, old_values[idx], ret_f[idx])
+        critic = self.value_loss(value, old_values[idx].to(dev), ret_f[idx].to(dev))
         timer.stop("forward")
         with timer("backward"):
             if critic is not None:

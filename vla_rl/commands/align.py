@@ -47,6 +47,7 @@ from vla_rl.align_report import (
 from vla_rl.commands import COMMANDS
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
 from vla_rl.data.preferences import write_pairs_table
+from vla_rl.distributed import default_device
 from vla_rl.grape import GrapeSettings, check_scoring, preference_round, run_episodes, summarize
 from vla_rl.policy_factory import build_policy
 from vla_rl.rollout import RolloutEngine
@@ -235,7 +236,7 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
         costs = _scoring_costs(env, cfg)
         eval_env = _eval_env(env_cfg, cfg)
         if resume_from is not None:
-            policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)
+            policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False).to(default_device())
         else:  # a checkpoint at policy.path loads with --policy.sampler (which starts from the saved one)
             policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
         learner = TPOLearner(cfg.tpo, policy)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from vla_rl.commands import COMMANDS
 from vla_rl.config import ConfigError, EnvConfig
+from vla_rl.distributed import default_device
 from vla_rl.intervention.operator import OperatorConfig
 
 OPERATORS = ("sim", "keyboard", "gamepad")
@@ -92,7 +93,7 @@ def intervene(cfg: InterveneConfig) -> dict:
         from policies.io import checkpoint_cameras
         from policies.loading import load_policy
 
-        policy = load_policy(cfg.policy)
+        policy = load_policy(cfg.policy).to(default_device())
         policy.eval()
         cfg = replace(cfg, env=cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy), cfg.policy))
     out = Path(cfg.output) if cfg.output else default_output(cfg.env.id, cfg.env.seed)

@@ -258,6 +258,7 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
         "demos": cfg.demos, "sft_episodes": cfg.sft.episodes or cfg.demos, **_sft_summary(sft_dir),
         "iterations": cfg.iterations,
         "env_steps": result["env_steps"], "wall_seconds": time.perf_counter() - t_start, "stages": stages,
+        "device": result.get("device"),
         "config": json.loads(json.dumps(draccus.encode(cfg), default=str)),
     }
     md = write_report(run_dir, summary, plots, videos)

@@ -24,6 +24,7 @@ import torch
 from rewards.learned.train import FitConfig
 from vla_rl.commands import command_group
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
+from vla_rl.distributed import default_device
 
 SOURCE_POLICIES = ("expert", "random")
 
@@ -121,7 +122,7 @@ def _actor(name: str, env: Any, noise: list[float], seed: int) -> Any:
     from policies.base import ActMode
     from policies.loading import load_policy
 
-    policy = load_policy(name)
+    policy = load_policy(name).to(default_device())
     policy.eval()
     gen = torch.Generator().manual_seed(seed)  # its own stream: the episodes depend on the seed alone
 

@@ -15,6 +15,7 @@ from sim import Obs, VecEnv, list_envs
 from vla_core.manifest import write_text_atomic
 from vla_rl.commands import COMMANDS
 from vla_rl.config import ConfigError, RolloutConfig, default_runs_dir
+from vla_rl.distributed import default_device
 from vla_rl.evaluation import EvalResult, evaluate_episodes, evaluate_policy
 
 ActionFn = Callable[[Obs], torch.Tensor]  # obs -> actions [B, H, A]
@@ -74,7 +75,7 @@ def rollout(cfg: RolloutConfig) -> EvalResult:
         from policies.io import checkpoint_cameras
         from policies.loading import load_policy
 
-        policy = load_policy(cfg.policy)
+        policy = load_policy(cfg.policy).to(default_device())
         policy.eval()
         cfg = replace(cfg, env=cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy), cfg.policy))
     with cfg.env.make() as env:

@@ -37,7 +37,7 @@ def write_train_report(cfg: TrainConfig, result: dict[str, Any]) -> Path:
     summary: dict[str, Any] = {
         "name": run_dir.name, "env_id": cfg.env.id, "policy": policy_type(cfg.policy), "algorithm": cfg.algo.type,
         "seed": cfg.seed, "env_steps": result["env_steps"], "eval_protocol": cfg.eval.protocol,
-        "wall_seconds": result.get("wall_seconds", 0.0),
+        "wall_seconds": result.get("wall_seconds", 0.0), "device": result.get("device"),
     }
     for tag, res in (("before", before), ("after", after)):
         if res is not None:
