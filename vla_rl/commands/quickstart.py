@@ -61,7 +61,8 @@ def _maniskill_gpu_ready() -> bool:
 
     why = physx_gpu_error()
     if why is not None:
-        print(f"note: the quickstart runs on the MuJoCo tabletop: ManiSkill's GPU backend is not available ({why})")
+        print(f"note: the quickstart's default env here is the MuJoCo tabletop: ManiSkill's GPU backend is not "
+              f"available ({why})")
     return why is None
 
 
