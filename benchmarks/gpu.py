@@ -89,14 +89,12 @@ def bench_envs(counts: list[int], rgb_counts: list[int], steps: int, image_size:
                 low = torch.as_tensor(space.low, device=DEVICE)
                 high = torch.as_tensor(space.high, device=DEVICE)
                 raw.reset(seed=0)
-                t0 = time.perf_counter()
 
                 def raw_block() -> None:
                     for _ in range(steps):
                         raw.step(_random_actions(low, high, (n, low.shape[0]), gen))
 
                 row["raw_s"] = _timed(raw_block, 3)
-                row["build_raw_s"] = time.perf_counter() - t0
                 raw.close()
                 env = make_env(ENV_ID, num_envs=n, seed=0, obs_mode=obs_mode, sim_backend="gpu", image_size=image_size)
                 env.reset(seed=0)
@@ -174,8 +172,7 @@ def bench_pi0(batches: list[int], repeats: int) -> list[dict[str, Any]]:
     from policies.base import ActMode
     from policies.flow.tiny import build_tiny_lerobot_policy
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from policy_latency import image_obs
+    from policy_latency import image_obs, rl_step
 
     rows = []
     try:
@@ -212,18 +209,8 @@ def bench_pi0(batches: list[int], repeats: int) -> list[dict[str, Any]]:
             diff = (logp_eval.float() - logp_act).abs()
             row["logp_abs_diff_max"] = float(diff.max())
             row["logp_abs_mean"] = float(logp_act.abs().mean())
-
-            def update() -> None:
-                logp, entropy, value = policy.evaluate(obs, extras)
-                loss = -(torch.exp(logp - logp.detach())).mean() - 0.005 * entropy.mean()
-                if value is not None:
-                    loss = loss + 0.5 * (value.float() - 1.0).pow(2).mean()
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-
             torch.cuda.reset_peak_memory_stats()
-            row["update_s"] = _timed(update, repeats)
+            row["update_s"] = _timed(lambda: rl_step(policy, optimizer, obs, extras), repeats)
             row["update_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"

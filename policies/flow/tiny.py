@@ -251,14 +251,11 @@ def build_tiny_lerobot_policy(
         config_cls, policy_cls, adapter_cls = (
             (PI0Config, PI0Policy, LeRobotPI0Policy) if kind == "pi0" else (PI05Config, PI05Policy, LeRobotPI05Policy)
         )
-        if full_size:
-            cfg = config_cls(**common, image_resolution=(image_size, image_size), dtype=dtype)
-            with torch.device(device):  # 3B random weights: created where they will run
-                lerobot_policy = policy_cls(cfg)
-        else:
-            cfg = config_cls(**common, image_resolution=(image_size, image_size), tokenizer_max_length=24, dtype=dtype)
-            with tiny_paligemma_configs():
-                lerobot_policy = policy_cls(cfg)
+        sizes = {} if full_size else {"tokenizer_max_length": 24}
+        cfg = config_cls(**common, image_resolution=(image_size, image_size), dtype=dtype, **sizes)
+        # full size: 3B random weights, created where they will run
+        with torch.device(device) if full_size else tiny_paligemma_configs():
+            lerobot_policy = policy_cls(cfg)
         with local_hub_tokenizer(train_tokenizer()):
             pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
     elif kind == "smolvla":

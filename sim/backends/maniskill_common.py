@@ -8,6 +8,7 @@ module, so neither imports the other's module for it.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -219,9 +220,6 @@ def is_vulkan_failure(exc: BaseException) -> bool:
 
 # ------------------------------------------------------------------ PhysX on CUDA
 
-_physx_gpu_cache: list[str | None] = []
-
-
 def physx_gpu_library() -> tuple[str, str]:
     """Where SAPIEN keeps PhysX's CUDA library (``libPhysXGpu_64.so``) and the URL it downloads it from.
 
@@ -236,26 +234,23 @@ def physx_gpu_library() -> tuple[str, str]:
     return os.path.join(folder, "libPhysXGpu_64.so"), url
 
 
+@functools.cache
 def physx_gpu_error() -> str | None:
     """Why ManiSkill's GPU backend cannot run here although CUDA is present (None if it can).
 
     Enables SAPIEN's GPU PhysX once per process, which downloads its CUDA library on first use (see
     :func:`physx_gpu_library`); a machine that cannot reach GitHub and has no copy gets the reason and the fix.
     """
-    if not _physx_gpu_cache:
-        try:
-            import sapien.physx
+    try:
+        import sapien.physx
 
-            sapien.physx.enable_gpu()
-            _physx_gpu_cache.append(None)
-        except Exception as exc:  # no network (requests), a bad download (zip), a library that does not load
-            try:
-                path, url = physx_gpu_library()
-                fix = f"download {url} and unzip it into {os.path.dirname(path)}"
-            except Exception:  # sapien itself missing or broken: the import error says it
-                fix = "reinstall sapien"
-            _physx_gpu_cache.append(
-                f"SAPIEN could not load PhysX's CUDA library ({type(exc).__name__}: {str(exc)[:200]}); "
-                f"SAPIEN fetches it from GitHub on first use: {fix}"
-            )
-    return _physx_gpu_cache[0]
+        sapien.physx.enable_gpu()
+        return None
+    except Exception as exc:  # no network (requests), a bad download (zip), a library that does not load
+        try:
+            path, url = physx_gpu_library()
+            fix = f"download {url} and unzip it into {os.path.dirname(path)}"
+        except Exception:  # sapien itself missing or broken: the import error says it
+            fix = "reinstall sapien"
+        return (f"SAPIEN could not load PhysX's CUDA library ({type(exc).__name__}: {str(exc)[:200]}); "
+                f"SAPIEN fetches it from GitHub on first use: {fix}")

@@ -20,7 +20,6 @@ import torch
 from rewards.terms import env_terms
 from sim import OBS_ENV_STATE, OBS_STATE, TASK, EnvError, image_key, list_envs, make_env
 from sim.backends import maniskill as maniskill_backend
-from sim.backends import maniskill_common
 from sim.backends.maniskill_common import (
     ManiSkillOptions,
     default_lavapipe_icd,
@@ -337,13 +336,16 @@ def test_physx_cuda_library_error_names_the_download(icd, monkeypatch) -> None:
     def offline() -> None:
         raise ConnectionError("Failed to resolve 'github.com'")
 
-    monkeypatch.setattr(maniskill_common, "_physx_gpu_cache", [])
     monkeypatch.setattr(sapien.physx, "enable_gpu", offline)
-    why = physx_gpu_error()
-    assert why is not None and "ConnectionError" in why and "github.com" in why
-    assert f"physx-precompiled/releases/download/{sapien.physx.version()}/linux-so.zip" in why
-    assert os.path.join(".sapien", "physx", sapien.physx.version()) in why
-    assert physx_gpu_error() is why  # asked once per process
+    physx_gpu_error.cache_clear()
+    try:
+        why = physx_gpu_error()
+        assert why is not None and "ConnectionError" in why and "github.com" in why
+        assert f"physx-precompiled/releases/download/{sapien.physx.version()}/linux-so.zip" in why
+        assert os.path.join(".sapien", "physx", sapien.physx.version()) in why
+        assert physx_gpu_error() is why  # asked once per process
+    finally:
+        physx_gpu_error.cache_clear()  # the answer with the stand-in must not outlive the test
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="ManiSkill's physx_cuda backend needs a CUDA GPU")
