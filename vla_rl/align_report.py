@@ -19,6 +19,19 @@ from vla_core.manifest import fsync_file, write_text_atomic
 from vla_rl.data.preferences import PreferencePair, Trajectory
 from vla_rl.grape import shared_success_steps
 
+ROUND_TIMES = (
+    ("env", "time/sample_env_s"),
+    ("act", "time/sample_act_s"),
+    ("score", "time/sample_other_s"),
+    ("write", "time/write_s"),
+    ("update", "time/update_s"),
+    ("eval", "time/eval_s"),
+    ("ckpt", "time/checkpoint_s"),
+)
+"""Where a round's wall time goes (label, ``time/*`` key of a round row's ``time``): sampling split into the envs
+stepping, the policy acting and the rest (building, scoring and pairing trajectories), writing the round's files,
+the TPO update, the evaluation after it and the checkpoint."""
+
 
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON at ``path`` atomically (tmp, fsync, rename)."""
@@ -90,7 +103,8 @@ def pair_videos(out_dir: Path, pairs: Sequence[PreferencePair], image_keys: list
 
 
 def round_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """``success.png`` (success per round with its 95% interval) and ``costs.png`` (each cost's mean per round)."""
+    """``success.png`` (success per round with its 95% interval), ``costs.png`` (each cost's mean per round) and
+    ``time.png`` (each round's wall seconds stacked by :data:`ROUND_TIMES`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,6 +137,19 @@ def round_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     written.append(_save(fig, out_dir / "costs.png"))
+    timed = [r for r in rows if r.get("time")]
+    if timed:
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        bottom = np.zeros(len(timed))
+        for label, key in ROUND_TIMES:
+            ys = np.array([r["time"].get(key, 0.0) for r in timed])
+            ax.bar([r["round"] for r in timed], ys, bottom=bottom, label=label)
+            bottom += ys
+        ax.set_xlabel("round")
+        ax.set_ylabel("wall seconds")
+        ax.set_title("Where each round's time goes")
+        ax.legend(fontsize=7, ncol=4)
+        written.append(_save(fig, out_dir / "time.png"))
     return written
 
 
@@ -165,6 +192,13 @@ def write_align_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[s
         lines.append(f"| mean steps of successes, the {states} states solved before and after | {fmt(sb)} | {fmt(sa)} |")
     for cost in b["costs"]:
         lines.append(f"| cost `{cost}` (mean per episode) | {b['costs'][cost]:.4f} | {a['costs'][cost]:.4f} |")
+    timed = [r["time"] for r in rows if r.get("time")]
+    if timed:
+        total = {label: sum(t.get(key, 0.0) for t in timed) for label, key in ROUND_TIMES}
+        lines += ["", f"Where the time went over {len(timed)} rounds (wall seconds; the first evaluation and the "
+                  "final report are outside the rounds):", "",
+                  "| " + " | ".join(total) + " | rounds |", "|" + "---|" * (len(total) + 1),
+                  "| " + " | ".join(f"{v:.0f}" for v in total.values()) + f" | {sum(total.values()):.0f} |"]
     skipped = [r["round"] for r in rows if r.get("skipped")]
     if skipped:
         lines += ["", f"Rounds without a pair (all successes or all failures per state), skipped: {skipped}."]

@@ -219,6 +219,9 @@ class RolloutEngine:
         self._ep_len = torch.zeros(env.num_envs, dtype=torch.long)
         self.total_env_steps = 0
         self.times = StageTimes()  # env / act / value seconds of the collection in progress
+        self.times_total: dict[str, float] = {}
+        """``time/rollout_*`` seconds summed over every collection so far (a caller that collects many short
+        rollouts, as ``vla-rl align`` does, reads its breakdown from the difference of two snapshots)."""
         self.generator: torch.Generator | None = None
         """The RNG of the policy's samples (None: torch's global RNG); a learner that trains in another thread
         while this engine collects gives it its own, so that neither thread's draws depend on the other's timing."""
@@ -452,6 +455,9 @@ class RolloutEngine:
         stacked_obs: dict[str, Any] = {}
         for k in obs_list[0]:
             stacked_obs[k] = [o[k] for o in obs_list] if k == TASK else torch.stack([o[k] for o in obs_list])
+        times = self.times.take("time/rollout_")
+        for k, v in times.items():
+            self.times_total[k] = self.times_total.get(k, 0.0) + v
         term_names = sorted({n for c in chunks for n in c["terms"]})
         signal_names = sorted({n for c in chunks for n in c["signals"]})
         return Rollout(
@@ -473,5 +479,5 @@ class RolloutEngine:
             group_ids=group_ids,
             episodes=episodes,
             env_steps=self.total_env_steps - steps_before,
-            times=self.times.take("time/rollout_"),
+            times=times,
         )

@@ -51,6 +51,23 @@ def test_align_toy_run_on_mujoco_writes_rounds_trains_and_reports(tmp_path: Path
     assert (out / "plots" / "success.png").exists() and (out / "plots" / "costs.png").exists()
 
 
+def test_align_reports_where_each_rounds_time_goes(tmp_path: Path):
+    out = tmp_path / "run"
+    summary = run(["align", *TOY, "--env.obs_mode", "state", "--env.wrist_camera", "false", "--save_dataset", "false",
+                   "--run_dir", str(out)])
+    for row in summary["per_round"][1:]:
+        t = row["time"]
+        # every stage was timed, and the parts never exceed the round's sampling seconds they split
+        assert {"time/sample_env_s", "time/sample_act_s", "time/sample_other_s", "time/write_s", "time/update_s",
+                "time/eval_s", "time/checkpoint_s"} <= set(t)
+        assert t["time/sample_env_s"] > 0 and t["time/sample_act_s"] > 0 and t["time/update_s"] > 0
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rounds = [r for r in logged if "time/update_s" in r]
+    assert len(rounds) == 2 and "time/checkpoint_s" in rounds[1]  # the round before's checkpoint, carried
+    assert (out / "plots" / "time.png").stat().st_size > 0
+    assert "Where the time went over 2 rounds" in (out / "report.md").read_text()
+
+
 def test_resume_after_a_kill_between_rounds_matches_an_uninterrupted_run(tmp_path: Path, monkeypatch):
     import vla_rl.commands.align as align
 

@@ -37,6 +37,7 @@ from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.tpo import TPOConfig, TPOLearner
 from vla_rl.align_report import (
+    ROUND_TIMES,
     pair_videos,
     round_plots,
     save_trajectories,
@@ -52,6 +53,7 @@ from vla_rl.grape import GrapeSettings, check_scoring, preference_round, run_epi
 from vla_rl.policy_factory import build_policy
 from vla_rl.rollout import RolloutEngine
 from vla_rl.run_logging import LoggingConfig, RunLogger
+from vla_rl.timing import split_remainder
 from vla_rl.train_config import EVAL_SEED_BASE, POLICY_CHOICES, SEED_BLOCK, TRAIN_SEED_STRIDE, PolicyConfig, policy_type
 from vla_rl.trainer import seed_everything
 
@@ -259,21 +261,28 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
                 before = run.evaluate(eval_engine, cfg.eval_episodes, costs)
                 rows.append({"round": 0, "eval": before})
                 logger.log(0, _scalars(before))
+            carried: dict[str, float] = {}  # the previous round's checkpoint seconds, logged with this round's
             for k in range(start, cfg.rounds):
                 row = _one_round(run, k, engine, learner, costs)
                 env_steps += row.pop("env_steps")
                 last = k == cfg.rounds - 1
                 episodes = cfg.eval_episodes if last else cfg.round_eval_episodes
+                t_eval = time.perf_counter()
                 row["eval"] = run.evaluate(eval_engine, episodes, costs) if episodes else None
+                row["time"]["time/eval_s"] = time.perf_counter() - t_eval
                 row["env_steps_total"] = env_steps
                 rows.append(row)
                 logger.log(env_steps, {**({} if row["eval"] is None else _scalars(row["eval"])),
-                                       **{f"update/{a}": b for a, b in row["update"].items()}})
+                                       **{f"update/{a}": b for a, b in row["update"].items()},
+                                       **row["time"], **carried})
                 _print_round(row)
+                t_ckpt = time.perf_counter()
                 ckpt.save_checkpoint(run.ckpt_dir, k + 1, policy, {
                     "learner": learner.state_dict(), "rng": ckpt.rng_state(), "iteration": k + 1, "round": k + 1,
                     "env_steps": env_steps,
                     "rows": json.dumps(rows)}, json.loads(json.dumps(draccus.encode(cfg), default=str)), keep_last=2)
+                carried = {"time/checkpoint_s": time.perf_counter() - t_ckpt}
+                row["time"].update(carried)  # in the report's rows; a resumed run's earlier rows lack it
         finally:
             logger.close()
         fps = env.spec.control_freq / engine.exec_steps
@@ -307,8 +316,12 @@ def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, co
     """Sample, score, pair, write, train one round; its row of the report (without the evaluation)."""
     cfg = run.cfg
     steps_before = engine.total_env_steps
+    t0, rollout_before = time.perf_counter(), dict(engine.times_total)
     with tqdm(desc=f"round {k + 1}/{cfg.rounds} sampling", unit="traj", leave=False) as bar:
         data = preference_round(engine, _round_seeds(cfg, k), cfg.grape, costs, progress=bar)
+    t1 = time.perf_counter()
+    rollout = {k_.replace("time/rollout_", "time/sample_"): v - rollout_before.get(k_, 0.0)
+               for k_, v in engine.times_total.items()}
     out = run.rounds_dir / f"round_{k:03d}"
     out.mkdir(parents=True, exist_ok=True)
     save_trajectories(out / "trajectories.pt", data.trajectories)
@@ -316,6 +329,7 @@ def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, co
     if cfg.save_dataset:
         fps = engine.env.spec.control_freq / engine.exec_steps
         write_round_dataset(out / "trajectories", data.trajectories, engine.env.spec, fps, k)
+    t2 = time.perf_counter()
     row: dict[str, Any] = {
         "round": k + 1, "trajectories": len(data.trajectories), "successes": sum(t.success for t in data.trajectories),
         "pairs": len(data.pairs), "unpaired_states": len(data.unpaired_states),
@@ -327,6 +341,10 @@ def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, co
         row.update(skipped=True, update={})
     else:
         row.update(skipped=False, update=learner.update(data.pairs))
+    # sample_env / sample_act: the envs stepping and the policy choosing chunks; sample_other: building, scoring and
+    # pairing the trajectories; write: the round's files; then the TPO update (eval and checkpoint: run_align)
+    row["time"] = {**split_remainder(t1 - t0, rollout, "time/sample_other_s"), "time/write_s": t2 - t1,
+                   "time/update_s": time.perf_counter() - t2}
     write_json(out / "round.json", row)
     return row
 
@@ -367,6 +385,8 @@ def _print_round(row: dict[str, Any]) -> None:
     if row["eval"] is not None:
         ev = row["eval"]
         line += f"; eval success {ev['success']:.2f} ({ev['success_ci'][0]:.2f}-{ev['success_ci'][1]:.2f})"
+    t = row.get("time", {})
+    line += "; " + " ".join(f"{name} {t[key]:.0f}s" for name, key in ROUND_TIMES if key in t)
     print(line, flush=True)
 
 
