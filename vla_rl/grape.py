@@ -88,8 +88,19 @@ class GrapeSettings:
     """Pair only states with successes and failures (GRAPE); false: also rank and pair states whose samples all
     succeeded or all failed by score alone (costs then decide, e.g. efficiency among successes), and stop
     sampling a state at ``min_samples``."""
+    pair_single_outcome: bool = False
+    """Keep GRAPE's sampling (until both outcomes appear, at most ``max_samples``) but also pair, by score alone,
+    the states that still have one outcome. A constraint objective needs it: on ``mujoco/pick-any`` most colliding
+    episodes come from states the policy always fails (seed 0: 31 of 47 in one round, seed 3: 125 of 168), which
+    GRAPE's pairing skips, so without it no pair ever contrasts a clean failure with a colliding one
+    (docs/benchmarks.md, "GRAPE alignment: reading")."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     """The trajectory score."""
+
+    @property
+    def pairs_need_both_outcomes(self) -> bool:
+        """Whether only states with successes and failures give pairs."""
+        return self.require_both_outcomes and not self.pair_single_outcome
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_samples <= self.max_samples:
@@ -251,7 +262,7 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
     trajs = sample_trajectories(engine, seeds, settings, costs, max_decisions, progress)
     for t in trajs:
         score_trajectory(t, settings.score)
-    pairs = select_pairs(trajs, settings.pairs_per_state, settings.require_both_outcomes)
+    pairs = select_pairs(trajs, settings.pairs_per_state, settings.pairs_need_both_outcomes)
     paired = {p.state for p in pairs}
     return RoundData(trajs, pairs, [s for s in range(len(seeds)) if s not in paired])
 

@@ -109,3 +109,29 @@ def test_chosen_nll_raises_the_chosen_trajectorys_likelihood():
     assert ends[0.0] < 0 and ends[1.0] > 0.05 * ends[0.0] and ends[10.0] > 0, ends
     with pytest.raises(ValueError, match="algo.chosen_nll"):
         TPOConfig(chosen_nll=-1.0)
+
+
+def _after_update(chosen_id: int, **cfg) -> tuple[float, float, dict]:
+    """(chosen, rejected) log-likelihood change after 10 epochs on one pair; trajectory 0 is the only success."""
+    torch.manual_seed(0)
+    policy = build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True)
+    chosen, rejected = _trajectory(policy, chosen_id, seed=1, t=3), _trajectory(policy, 1, seed=2, t=3)
+    policy.eval()
+    with torch.no_grad():
+        ref_c, ref_r = float(trajectory_logp(policy, chosen)), float(trajectory_logp(policy, rejected))
+    stats = TPOLearner(TPOConfig(lr=3e-3, epochs=10, beta=1.0, **cfg), policy).update([PreferencePair(0, chosen, rejected)])
+    with torch.no_grad():
+        return float(trajectory_logp(policy, chosen)) - ref_c, float(trajectory_logp(policy, rejected)) - ref_r, stats
+
+
+def test_nll_on_successes_only_orders_two_failures_without_imitating_the_better_one():
+    """With ``nll_successes_only`` a pair of two failures trains exactly as pure TPO does (no NLL pull on the chosen
+    failure), while a pair whose chosen trajectory succeeded still gets the NLL term."""
+    pure = _after_update(2, chosen_nll=0.0)
+    failure = _after_update(2, chosen_nll=10.0, nll_successes_only=True)
+    assert failure[0] == pytest.approx(pure[0], abs=1e-4) and failure[1] == pytest.approx(pure[1], abs=1e-4)
+    assert "chosen_nll" not in failure[2] and failure[0] - failure[1] > MARGIN
+    imitated = _after_update(2, chosen_nll=10.0)  # the default: the chosen failure is pulled up too
+    assert imitated[0] > pure[0] + 1.0 and "chosen_nll" in imitated[2]
+    success = _after_update(0, chosen_nll=10.0, nll_successes_only=True)
+    assert success[:2] == pytest.approx(_after_update(0, chosen_nll=10.0)[:2], abs=1e-4) and "chosen_nll" in success[2]

@@ -66,6 +66,21 @@ def test_single_outcome_states_pair_by_score_when_both_outcomes_are_not_required
     assert [(p.chosen.id, p.rejected.id) for p in pairs] == [(1, 0)]
 
 
+def test_pair_single_outcome_keeps_grapes_sampling_and_pairs_every_state():
+    from vla_rl.grape import GrapeSettings, _done
+
+    fails = [_t(i, 0, 4.0 - i, False) for i in range(6)]
+    grape = GrapeSettings(min_samples=6, max_samples=11)
+    for settings in (grape, GrapeSettings(min_samples=6, max_samples=11, pair_single_outcome=True)):
+        assert not _done(fails, settings)  # six failures: sample on, looking for a success
+        assert _done(fails + [_t(6, 0, 5.0, True)], settings) and _done(fails * 2, settings)
+    assert not GrapeSettings(require_both_outcomes=False).pairs_need_both_outcomes
+    assert grape.pairs_need_both_outcomes
+    assert not GrapeSettings(pair_single_outcome=True).pairs_need_both_outcomes
+    pairs = select_pairs(fails, 2, GrapeSettings(pair_single_outcome=True).pairs_need_both_outcomes)
+    assert [(p.chosen.id, p.rejected.id) for p in pairs] == [(0, 5), (1, 4)]  # the clean failures over the worst
+
+
 def test_steps_on_states_solved_by_both_evaluations_separate_speed_from_harder_states():
     def traj(state: int, success: bool, steps: int) -> Trajectory:
         return Trajectory(id=state, state=state, seed=100 + state, obs={}, actions=torch.zeros(1, 1, 1), extras={},

@@ -43,6 +43,10 @@ class TPOConfig(LearnerConfig):
     """RPO's ``alpha`` (Pang et al., 2024): adds ``alpha`` times the chosen trajectory's negative log-likelihood per
     decision (its recorded denoising chain or action tokens) to the loss, so the chosen trajectories are pulled up,
     not only kept from falling (``chosen_penalty``); 0 is GRAPE's loss."""
+    nll_successes_only: bool = False
+    """Apply ``chosen_nll`` only to chosen trajectories that succeeded. A pair of two failures (a clean one over a
+    colliding one, with ``grape.pair_single_outcome``) then only orders them: the policy is pushed away from the
+    worse failure without being taught to imitate the better one."""
     lr: float = 1e-5
     """Learning rate of the policy parameters (AdamW)."""
     epochs: int = 4
@@ -136,9 +140,13 @@ class TPOLearner(Learner):
                 loss, stats = tpo_loss(lc, lr, rc, rr, self.cfg.beta, self.cfg.chosen_penalty)
                 if self.cfg.chosen_nll > 0:
                     decisions = torch.tensor([float(len(p.chosen.actions)) for p in pairs]).to(lc)
-                    nll = -(lc / decisions).mean()
-                    loss = loss + self.cfg.chosen_nll * nll
-                    stats["chosen_nll"] = nll.detach()
+                    per_decision = lc / decisions
+                    if self.cfg.nll_successes_only:
+                        per_decision = per_decision[torch.tensor([p.chosen.success for p in pairs])]
+                    if per_decision.numel():
+                        nll = -per_decision.mean()
+                        loss = loss + self.cfg.chosen_nll * nll
+                        stats["chosen_nll"] = nll.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
