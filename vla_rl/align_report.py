@@ -18,6 +18,7 @@ from sim.video import VideoWriter
 from vla_core.manifest import fsync_file, write_text_atomic
 from vla_rl.data.preferences import PreferencePair, Trajectory
 from vla_rl.grape import shared_success_steps
+from vla_rl.report import stack_times
 
 ROUND_TIMES = (
     ("env", "time/sample_env_s"),
@@ -137,16 +138,11 @@ def round_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     written.append(_save(fig, out_dir / "costs.png"))
-    timed = [r for r in rows if r.get("time")]
+    timed = [{"round": r["round"], **r["time"]} for r in rows if r.get("time")]
     if timed:
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-        bottom = np.zeros(len(timed))
-        for label, key in ROUND_TIMES:
-            ys = np.array([r["time"].get(key, 0.0) for r in timed])
-            ax.bar([r["round"] for r in timed], ys, bottom=bottom, label=label)
-            bottom += ys
+        stack_times(ax, timed, [key for _, key in ROUND_TIMES], x="round")
         ax.set_xlabel("round")
-        ax.set_ylabel("wall seconds")
         ax.set_title("Where each round's time goes")
         ax.legend(fontsize=7, ncol=4)
         written.append(_save(fig, out_dir / "time.png"))

@@ -48,7 +48,7 @@ def make_plots(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
         if fname == "time.png":  # stacked: the stages add up to each iteration's wall time
-            _stack_times(ax, rows)
+            stack_times(ax, [r for r in rows if r.get("time/iteration_s") is not None], BREAKDOWN)
         for key, (xs, ys) in series.items() if fname != "time.png" else ():
             if xs:
                 ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, markersize=3, label=key)
@@ -70,11 +70,12 @@ def make_plots(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
     return written
 
 
-def _stack_times(ax: Any, rows: list[dict[str, Any]]) -> None:
-    """A stacked area per :data:`BREAKDOWN` stage over the training iterations (rows with ``time/iteration_s``)."""
-    rows = [r for r in rows if r.get("time/iteration_s") is not None]
-    keys = [k for k in BREAKDOWN if any(r.get(k) for r in rows)]
-    xs = [r["step"] for r in rows]
+def stack_times(ax: Any, rows: Sequence[dict[str, Any]], keys: Sequence[str], x: str = "step") -> None:
+    """A stacked area per ``time/*_s`` key of ``keys`` (the stages that add up to each row's wall time) over the
+    rows' ``x``; keys no row has are left out. Training iterations stack :data:`BREAKDOWN`, ``vla-rl align``'s
+    rounds :data:`vla_rl.align_report.ROUND_TIMES`."""
+    keys = [k for k in keys if any(r.get(k) for r in rows)]
+    xs = [r[x] for r in rows]
     import matplotlib
 
     colors = matplotlib.colormaps["tab20"].colors
