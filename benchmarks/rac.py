@@ -6,7 +6,7 @@
 Per seed, from one pre-trained policy, the quickstart's recipe on this task (``vla-rl quickstart --env.id
 mujoco/pick-place-stack --iterations 0``: the compact flow policy on the front and wrist cameras, pre-trained on
 ``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``), three arms spend the same operator budget
-(``--budget`` env steps controlled by the operator; the demos arm whole episodes within it) and the same number
+(``--budget`` env steps controlled by the operator; the demos arm as expert episodes, the last one cut at the budget) and the same number
 of gradient steps:
 
 - ``rac``: ``--rounds`` rounds of the RaC learner (``--algo.type rac``): the current policy runs with the
@@ -14,7 +14,7 @@ of gradient steps:
   of the budget is spent, then fine-tunes on the demos mixed 1:1 with every intervention segment so far
   (policy steps masked);
 - ``dagger``: the same with ``operator.recover=False`` (corrections without recovery);
-- ``demos``: the budget spent on full scripted-expert episodes (as many whole episodes as fit), fine-tuned
+- ``demos``: the budget spent on full scripted-expert episodes (the last one cut where the budget ends), fine-tuned
   the same way (the new demos in place of the intervention data).
 
 Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` held-out episodes
@@ -102,17 +102,9 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
     )
     data = None
     operator_steps: dict[str, int] = {"recovery": 0, "correction": 0}
-    if arm == "demos":
-        mean_len = args.demo_frames / args.demos
-        episodes = max(1, int(args.budget // mean_len))
+    if arm == "demos":  # whole expert episodes, the last one cut at the budget: exactly the budget's steps
         extra = work / arm / "extra-demos"
-        got = collect_demos(env, extra, episodes, "local/rac-bench-extra", seed=seed + 77)
-        while got["frames"] > args.budget and episodes > 1:  # whole episodes, never over the budget
-            episodes -= 1
-            import shutil
-
-            shutil.rmtree(extra)
-            got = collect_demos(env, extra, episodes, "local/rac-bench-extra", seed=seed + 77)
+        got = collect_demos(env, extra, args.budget, "local/rac-bench-extra", seed=seed + 77, max_frames=args.budget)
         operator_steps["correction"] = got["frames"]
         data = load_chunks(extra, policy_inputs(policy), policy.chunk_size)
     learner = RaCLearner(cfg, policy)
@@ -260,7 +252,6 @@ def verdict(pool: dict[str, Any]) -> str:
     steps = {arm: sum(pool[arm]["operator_steps"]) for arm in ARMS}
     better = rac > dem and rac > dag
     sep = pool["rac"]["ci"][0] > max(pool["demos"]["ci"][1], pool["dagger"]["ci"][1])
-    # the demos arm spends whole episodes, so it may stay below the budget the other arms fill
     return (f"Verdict: RaC {rac:.3f} ({steps['rac']} operator steps) vs demos {dem:.3f} ({steps['demos']}) vs "
             f"DAgger-style {dag:.3f} ({steps['dagger']}): "
             + ("RaC highest" + (" with non-overlapping intervals." if sep else ", but the intervals overlap.")

@@ -193,6 +193,25 @@ def test_collect_with_action_noise_records_clean_expert_labels(tmp_path):
             collect_demos(env, tmp_path / "bad", 1, "local/t", action_noise=-0.1)
 
 
+def test_collect_max_frames_cuts_the_last_episode_at_the_budget(tmp_path):
+    """A frame budget is spent exactly: whole episodes, then the first frames of the one that would pass it."""
+    from sim import make_env
+    from sim.dataset import load_dataset
+    from vla_rl.data import collect_demos
+
+    with make_env("mujoco/pick-red", num_envs=2, seed=3, obs_mode="state") as env:
+        whole = collect_demos(env, tmp_path / "whole", 2, "local/t")
+    budget = whole["frames"] - 5  # the two whole episodes overshoot it by 5 frames
+    with make_env("mujoco/pick-red", num_envs=2, seed=3, obs_mode="state") as env:
+        cut = collect_demos(env, tmp_path / "cut", 50, "local/t", max_frames=budget)
+    data = load_dataset(tmp_path / "cut")
+    assert cut["frames"] == budget == len(data)
+    assert cut["saved"] == 2 and data.meta.total_episodes == 2  # fewer than asked for is not an error here
+    # the cut episode is the start of the same expert episode
+    ref = load_dataset(tmp_path / "whole")
+    assert all((data[i]["action"] == ref[i]["action"]).all() for i in range(budget))
+
+
 def test_env_config_wrist_camera_reaches_the_backend():
     from vla_rl.config import EnvConfig
 

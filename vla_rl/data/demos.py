@@ -13,7 +13,7 @@ from sim.dataset import EpisodeRecorder
 
 def collect_demos(
     env: VecEnv, root: Path, episodes: int, repo_id: str, only_success: bool = True, max_attempts: int = 0,
-    action_noise: float = 0.0, seed: int = 0,
+    action_noise: float = 0.0, seed: int = 0, max_frames: int = 0,
 ) -> dict[str, int]:
     """Record ``episodes`` expert episodes from ``env`` into a new dataset at ``root``.
 
@@ -24,6 +24,11 @@ def collect_demos(
     the dataset records the clean expert action (DART, Laskey et al. 2017): the
     demos then visit states slightly off the expert's path and label how the
     expert recovers from them, which few-shot imitation needs most.
+
+    With ``max_frames > 0`` recording stops once that many frames are saved:
+    the episode that would pass the limit is kept up to it (its first frames),
+    so a budget of expert steps is spent exactly; fewer than ``episodes``
+    episodes are then not an error.
 
     Returns:
         ``{"saved": n, "attempted": m, "successes": k, "frames": f}``.
@@ -43,7 +48,7 @@ def collect_demos(
     obs = env.reset()
     attempted = successes = frames = 0
     with tqdm(total=episodes, desc=f"collect {env.spec.env_id}", unit="ep") as bar:
-        while rec.num_episodes < episodes and attempted < max_attempts:
+        while rec.num_episodes < episodes and attempted < max_attempts and not (max_frames and frames >= max_frames):
             actions = env.expert_actions()
             prev = obs
             executed = actions
@@ -60,7 +65,9 @@ def collect_demos(
                 attempted += 1
                 ok = bool(info["episode"]["success"][i])
                 successes += ok
-                if (ok or not only_success) and rec.num_episodes < episodes:
+                if (ok or not only_success) and rec.num_episodes < episodes and not (max_frames and frames >= max_frames):
+                    if max_frames:
+                        del buffers[i][max_frames - frames:]
                     for row_i, a, r, s in buffers[i]:
                         batched = {k: ([v] if k == "task" else v[None]) for k, v in row_i.items()}
                         rec.add_frame(batched, a, r, s)
@@ -69,7 +76,7 @@ def collect_demos(
                     bar.update(1)
                 buffers[i] = []
                 bar.set_postfix(success=f"{successes}/{attempted}")
-    if rec.num_episodes < episodes:
+    if rec.num_episodes < episodes and not (max_frames and frames >= max_frames):
         raise RuntimeError(
             f"{env.spec.env_id}: only {rec.num_episodes}/{episodes} successful expert episodes in {attempted} attempts"
         )
