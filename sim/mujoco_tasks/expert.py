@@ -55,6 +55,22 @@ class ScriptedExpert:
         self.count = 0
         self.subtask = 0
 
+    def resume(self, task: Task, s: TaskState, closure: float) -> None:
+        """Take over from the state as it is, pushing the (sub-)task forward with no backing off: holding its
+        cube, go on lifting it (then carry, lower, release); otherwise go straight to the cube with the gripper
+        open, skipping the hover above it that :meth:`reset` starts with. Push tasks start as after reset.
+
+        This is how a corrector that does not first recover behaves (HG-DAgger-style corrections,
+        :mod:`vla_rl.intervention.operator`); the expert's own retries (a dropped cube: approach again) apply.
+        """
+        self.reset()
+        if task.kind == "sequence":
+            task, self.subtask = subtask(task, s)
+        if task.kind == "push":
+            return
+        held = closure > 0.5 and float(np.linalg.norm(s.cubes[task.cube] - s.pinch)) < 0.035
+        self._set("lift" if held else "descend")
+
     def act(self, task: Task, s: TaskState, closure: float, target: np.ndarray) -> np.ndarray:
         """The next action ``float32 [4]`` for ``task`` in state ``s``.
 

@@ -128,6 +128,36 @@ def test_simulated_operator_recovers_without_resetting_the_simulator(monkeypatch
     assert stats.successes >= 1
 
 
+def test_corrections_from_here_push_on_where_the_approach_backs_off():
+    """``correct_from="approach"`` starts the expert over (hover 7 cm above the cube first, gripper open);
+    ``"here"`` pushes on from the state as it is: straight at the cube, or, holding it, on with the lift."""
+    import dataclasses
+
+    from sim.mujoco_tasks.privileged import observed_state
+    from sim.mujoco_tasks.tasks import subtask
+    from vla_rl.intervention.operator import SimulatedOperator
+
+    env = make_env("mujoco/pick-place-stack", num_envs=1, seed=0, obs_mode="state")
+    obs = env.reset(seed=1)
+    env.close()
+    task, s, _ = observed_state(obs[OBS_STATE][0].numpy(), obs[OBS_ENV_STATE][0].numpy())
+    cube = s.cubes[subtask(task, s)[0].cube]
+    near = dataclasses.replace(s, pinch=cube + np.array([0.01, 0.0, 0.03]))  # low beside the cube, open
+    held = dataclasses.replace(s, pinch=cube + np.array([0.0, 0.0, 0.005]), grasped=s.grasped.copy())
+    held.grasped[subtask(task, s)[0].cube] = True
+
+    def first_correction(where: str, state, closure: float) -> np.ndarray:
+        op = SimulatedOperator(OperatorConfig(recover=False, action_noise=0.0, correct_from=where), 0.04)
+        op._take_over(task, state, closure)
+        return op._correct(task, state, closure)
+
+    assert first_correction("approach", near, 0.0)[2] > 0 > first_correction("here", near, 0.0)[2]  # up vs down
+    assert first_correction("approach", held, 1.0)[3] < 0 < first_correction("here", held, 1.0)[3]  # opens vs holds
+    assert first_correction("here", held, 1.0)[2] > 0  # and lifts
+    with pytest.raises(ValueError, match="correct_from"):
+        OperatorConfig(correct_from="there")
+
+
 def test_a_budget_cut_session_counts_the_takeovers_of_the_episodes_it_cuts(tmp_path):
     """RaC rounds stop at an operator budget with episodes under way in every env: those are recorded, and their
     takeovers count (session 19's RaC table counted only the finished episodes: 1 takeover against 25 recorded)."""

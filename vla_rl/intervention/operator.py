@@ -21,8 +21,11 @@ policy act or returns its own action with a label:
    ``recovery_tolerance`` or ``max_recovery_steps`` steps. The simulator is
    never reset or teleported: a person cannot do that;
 4. **correction** (``correction``): the scripted expert
-   (:class:`sim.mujoco_tasks.expert.ScriptedExpert`, fresh phase) completes
-   the current sub-task; on a long-horizon task it hands back once the next
+   (:class:`sim.mujoco_tasks.expert.ScriptedExpert`) completes the current
+   sub-task, starting (``correct_from``) either from its first phase
+   (``approach``: hover above the cube, then down, which backs off by
+   itself) or from the state as it is (``here``: holding the cube it goes on
+   lifting, else straight to the cube; :meth:`ScriptedExpert.resume`); on a long-horizon task it hands back once the next
    sub-task begins (the cube released, the hand risen), on a single-skill task
    it finishes the episode.
 
@@ -43,6 +46,7 @@ from sim.mujoco_tasks.tasks import CUBE_HALF, STAGES, Task, TaskState, stage_pro
 from vla_core.labels import Label
 
 OPEN = -1.0
+CORRECT_FROM = ("approach", "here")
 
 
 @dataclass
@@ -69,6 +73,9 @@ class OperatorConfig:
     """Recovery ends after this many steps even short of its target."""
     min_back_steps: int = 3
     """A recovery target is at least this many steps old."""
+    correct_from: str = "approach"
+    """Where the correction starts: ``approach`` (the expert's first phase, hovering above the cube first) or
+    ``here`` (from the state as it is, no backing off: :meth:`~sim.mujoco_tasks.expert.ScriptedExpert.resume`)."""
     max_takeovers: int = 3
     """Takeovers per episode at most (then the policy is left alone)."""
     max_step: float = 0.04
@@ -82,6 +89,8 @@ class OperatorConfig:
                 raise ValueError(f"operator.{name} must be >= 0, got {getattr(self, name)}")
         if self.action_noise < 0:
             raise ValueError(f"operator.action_noise must be >= 0, got {self.action_noise}")
+        if self.correct_from not in CORRECT_FROM:
+            raise ValueError(f"operator.correct_from must be one of {', '.join(CORRECT_FROM)}, got {self.correct_from!r}")
 
 
 class SimulatedOperator:
@@ -141,12 +150,12 @@ class SimulatedOperator:
             if self.countdown > 0:
                 self.countdown -= 1
                 return None, Label.POLICY
-            self._take_over(task, s)
+            self._take_over(task, s, closure)
         if self.mode == "recovery":
             action = self._recover(s)
             if action is not None:
                 return self._noisy(action), Label.RECOVERY
-            self._start_correction()
+            self._start_correction(task, s, closure)
         if self.mode == "correction":
             action = self._correct(task, s, closure)
             if action is not None:
@@ -194,14 +203,14 @@ class SimulatedOperator:
 
     # ---------------------------------------------------------------- takeover
 
-    def _take_over(self, task: Task, s: TaskState) -> None:
+    def _take_over(self, task: Task, s: TaskState, closure: float) -> None:
         self.takeovers += 1
         _, self.sub_at_takeover = subtask(task, s)
         self.released = False
         if self.cfg.recover:
             self.mode, self.goal, self.recovery_steps = "recovery", self._recovery_goal(task, s), 0
         else:
-            self._start_correction()
+            self._start_correction(task, s, closure)
 
     def _recovery_goal(self, task: Task, s: TaskState) -> np.ndarray:
         """An earlier pinch point to return to (module doc, step 3)."""
@@ -227,9 +236,12 @@ class SimulatedOperator:
             delta[:2] *= 0.3  # rise first, then move sideways: no sweeping through the cubes
         return np.array([*np.clip(delta / self.max_step, -1.0, 1.0), OPEN])
 
-    def _start_correction(self) -> None:
+    def _start_correction(self, task: Task, s: TaskState, closure: float) -> None:
         self.mode = "correction"
-        self.expert.reset()
+        if self.cfg.correct_from == "here":
+            self.expert.resume(task, s, closure)
+        else:
+            self.expert.reset()
 
     def _correct(self, task: Task, s: TaskState, closure: float) -> np.ndarray | None:
         _, k = subtask(task, s)
