@@ -15,7 +15,9 @@ of gradient steps:
   (policy steps masked);
 - ``dagger``: the same with ``operator.recover=False`` (corrections without recovery);
 - ``demos``: the budget spent on full scripted-expert episodes (the last one cut where the budget ends), fine-tuned
-  the same way (the new demos in place of the intervention data).
+  the same way (the new demos in place of the intervention data);
+- ``rac_third``: RaC rounds on a third of the budget (the issue's other test: RaC matching the demos arm with at
+  most a third of its operator steps), the same gradient steps.
 
 Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` held-out episodes
 (deterministic, seeds disjoint from everything else), with 95% Wilson intervals; and, for the test-time
@@ -62,7 +64,7 @@ ENV_ID = "mujoco/pick-place-stack"
 SECTION = "## RaC: recovery and correction vs more demos vs DAgger"
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SEED = 9_000_000  # held-out episodes: far from demo, round and scaling seeds
-ARMS = ("rac", "dagger", "demos")
+ARMS = ("rac", "dagger", "demos", "rac_third")
 
 
 def make_env(num_envs: int, seed: int) -> Any:
@@ -92,13 +94,14 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
     t0 = time.perf_counter()
     env = make_env(args.envs, seed * 1000 + 500)
     rounds = args.rounds if arm != "demos" else 1
+    budget = math.ceil(args.budget / 3) if arm == "rac_third" else args.budget
     steps = args.finetune_steps // rounds
     cfg = RaCLearnerConfig(
         steps=args.finetune_steps, steps_per_iter=steps, batch_size=args.batch, lr=args.lr, demos=str(demos),
         demo_ratio=0.5, episodes_per_round=0 if arm == "demos" else 100_000, iters_per_round=1,
-        round_operator_steps=math.ceil(args.budget / rounds), rounds_dir=str(work / arm / "rounds"),
-        operator=OperatorConfig(recover=arm == "rac", reaction_delay=args.reaction_delay,
-                                action_noise=args.operator_noise),
+        round_operator_steps=math.ceil(budget / rounds), rounds_dir=str(work / arm / "rounds"),
+        operator=OperatorConfig(recover=arm.startswith("rac"), reaction_delay=args.reaction_delay,
+                                action_noise=args.operator_noise, correct_from=args.correct_from),
     )
     data = None
     operator_steps: dict[str, int] = {"recovery": 0, "correction": 0}
@@ -147,6 +150,9 @@ def evaluate(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]
 
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The seed's pre-trained policy and the arms of ``--arms`` (with its evaluation, ``base``), each kept in
+    ``work/<arm>.json`` once done, so arms of one seed can run in separate processes and a killed run resumes.
+    Returns every arm found done."""
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     base, demos = pretrain(seed, args, work)
@@ -155,9 +161,18 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     args.demo_frames = spec.frames
     base.eval()
     out: dict[str, Any] = {"seed": seed, "demo_frames": spec.frames, "pretrain_wall_s": time.perf_counter() - t0}
-    out["base"] = evaluate(base, args, seed)
-    print(f"seed {seed}: pre-trained success {out['base']['success']:.3f}", flush=True)
+    done = {arm: work / f"{arm}.json" for arm in ("base", *ARMS)}
+    if not done["base"].exists() and "base" in args.arms:
+        write_json(done["base"], evaluate(base, args, seed), indent=2)
+    if done["base"].exists():
+        out["base"] = json.loads(done["base"].read_text())
+        print(f"seed {seed}: pre-trained success {out['base']['success']:.3f}", flush=True)
     for arm in ARMS:
+        if done[arm].exists():
+            out[arm] = json.loads(done[arm].read_text())
+            continue
+        if arm not in args.arms:
+            continue
         policy = copy.deepcopy(base)
         policy.train()
         torch.manual_seed(seed * 10 + ARMS.index(arm))
@@ -165,6 +180,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         row.update(evaluate(policy, args, seed))
         row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
         out[arm] = row
+        write_json(done[arm], row, indent=2)
         print(f"seed {seed} {arm}: operator steps {row['operator_steps']}, success {row['success']:.3f} "
               f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]", flush=True)
     return out
@@ -216,13 +232,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 def report(summary: dict[str, Any]) -> str:
     a = summary["args"]
     lines = [
-        f"`python benchmarks/rac.py {summary['command']}` ({summary['wall_s'] / 60:.1f} min, {summary['conditions']}).",
+        f"`python benchmarks/rac.py {summary['command']}` ({summary['wall_s'] / 60:.1f} min of fine-tuning and evaluation "
+        f"summed over the arms, which may run in several processes (`--arms`); {summary['conditions']}).",
         "",
         f"Task `{ENV_ID}` (front and wrist cameras + proprioception), the quickstart's compact flow policy pre-trained "
         f"on {a['demos']} noisy expert demos for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
         f"{a['finetune_steps']} gradient steps (batch {a['batch']}, demos mixed 1:1); RaC and DAgger in "
-        f"{a['rounds']} rounds. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
-        f"{a['operator_noise']}. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals.",
+        f"{a['rounds']} rounds; `rac_third`: RaC on a third of the budget; the demos arm's last episode is cut at the "
+        f"budget. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
+        f"{a['operator_noise']}, corrections from `{a.get('correct_from', 'approach')}`. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals.",
         "",
         "| arm | seed | operator steps (recovery / correction) | success [95% CI] | wall s |",
         "|---|---|---|---|---|",
@@ -230,7 +248,7 @@ def report(summary: dict[str, Any]) -> str:
     for r in summary["seeds"]:
         b = r["base"]
         lines.append(f"| pre-trained | {r['seed']} | 0 | {b['success']:.3f} [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] "
-                     f"| {r['pretrain_wall_s']:.0f} |")
+                     f"| {b['eval_wall_s']:.0f} |")
         for arm in ARMS:
             x = r[arm]
             lines.append(f"| {arm} | {r['seed']} | {x['operator_steps']} ({x['recovery_steps']} / "
@@ -248,14 +266,20 @@ def report(summary: dict[str, Any]) -> str:
 
 
 def verdict(pool: dict[str, Any]) -> str:
-    rac, dem, dag = pool["rac"]["success"], pool["demos"]["success"], pool["dagger"]["success"]
+    """The issue's two tests on the pooled success: RaC above both other arms at equal operator steps, or RaC on a
+    third of the budget at least as high as the demos arm on all of it."""
+    rac, dem, dag, third = (pool[a]["success"] for a in ("rac", "demos", "dagger", "rac_third"))
     steps = {arm: sum(pool[arm]["operator_steps"]) for arm in ARMS}
     better = rac > dem and rac > dag
     sep = pool["rac"]["ci"][0] > max(pool["demos"]["ci"][1], pool["dagger"]["ci"][1])
+    overlap = pool["rac_third"]["ci"][1] >= pool["demos"]["ci"][0] and pool["demos"]["ci"][1] >= pool["rac_third"]["ci"][0]
     return (f"Verdict: RaC {rac:.3f} ({steps['rac']} operator steps) vs demos {dem:.3f} ({steps['demos']}) vs "
             f"DAgger-style {dag:.3f} ({steps['dagger']}): "
             + ("RaC highest" + (" with non-overlapping intervals." if sep else ", but the intervals overlap.")
-               if better else "RaC is not the highest in this run."))
+               if better else "RaC is not the highest in this run.")
+            + f" RaC on a third of the budget: {third:.3f} ({steps['rac_third']} operator steps) against the demos "
+            + f"arm's {dem:.3f}: " + ("as high or higher." if third >= dem else
+                                      "lower" + (", the intervals overlapping." if overlap else ".")))
 
 
 def main() -> None:
@@ -273,6 +297,10 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=8)
     ap.add_argument("--reaction-delay", type=int, default=2)
     ap.add_argument("--operator-noise", type=float, default=0.05)
+    ap.add_argument("--correct-from", default="approach", choices=("approach", "here"),
+                    help="where the operator's corrections start (operator.correct_from)")
+    ap.add_argument("--arms", nargs="+", default=["base", *ARMS], choices=["base", *ARMS],
+                    help="arms this process runs (the others are read from the work folder when done there)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rac.json"))
     ap.add_argument("--write", default="")
     ap.add_argument("--work", default="", help="folder of the runs (pre-training, demos, rounds; kept, so a second "
@@ -288,8 +316,13 @@ def main() -> None:
             print(f"seed {seed}: reusing {done}", flush=True)
             results.append(json.loads(done.read_text()))
         else:
-            results.append(run_seed(seed, args, root / f"s{seed}"))
-            write_json(done, results[-1], indent=2)
+            result = run_seed(seed, args, root / f"s{seed}")
+            if not all(arm in result for arm in ("base", *ARMS)):
+                print(f"seed {seed}: arms done so far {[a for a in ('base', *ARMS) if a in result]}; the others run "
+                      "in another process (--arms) or on a second call", flush=True)
+                continue
+            results.append(result)
+            write_json(done, result, indent=2)
         publish(results, args, time.perf_counter() - t0)  # what is done so far survives a kill
 
 
@@ -299,7 +332,8 @@ def publish(results: list[dict[str, Any]], args: argparse.Namespace, wall: float
     summary = {
         "command": " ".join(sys.argv[1:]), "args": vars(args), "seeds": results, "pooled": pool,
         "scaling": {arm: scaling(results, arm) for arm in ("base", *ARMS)}, "verdict": verdict(pool),
-        "wall_s": wall,
+        "wall_s": sum(r["base"]["eval_wall_s"] + sum(r[a]["wall_s"] for a in ARMS) for r in results),
+        "this_call_wall_s": wall,
         "conditions": f"{platform.machine()}, {torch.get_num_threads()} torch thread, shared 2-CPU machine: wall "
                       "times are noisy",
     }
