@@ -5,7 +5,7 @@
 
 Per seed, from one pre-trained policy, the quickstart's recipe on this task (``vla-rl quickstart --env.id
 mujoco/pick-place-stack --iterations 0``: the compact flow policy on the front and wrist cameras, pre-trained on
-``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``), three arms spend the same operator budget
+``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``), the first three arms spend the same operator budget
 (``--budget`` env steps controlled by the operator; the demos arm as expert episodes, the last one cut at the budget) and the same number
 of gradient steps:
 
