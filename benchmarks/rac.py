@@ -55,7 +55,7 @@ from vla_rl.algorithms.base import IterationInputs  # noqa: E402
 from vla_rl.algorithms.rac import RaCLearner, RaCLearnerConfig  # noqa: E402
 from vla_rl.data import check_inputs, collect_demos, dataset_spec, load_chunks, policy_inputs  # noqa: E402
 from vla_rl.evaluation import evaluate_policy, wilson_interval  # noqa: E402
-from vla_rl.intervention.operator import OperatorConfig  # noqa: E402
+from vla_rl.intervention.operator import CORRECT_FROM, OperatorConfig  # noqa: E402
 from vla_rl.intervention.session import PassiveController, run_session, tabletop_progress  # noqa: E402
 from vla_rl.config import EnvConfig  # noqa: E402
 from vla_rl.rollout import RolloutEngine  # noqa: E402
@@ -158,7 +158,6 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     base, demos = pretrain(seed, args, work)
     spec = dataset_spec(demos)  # the metadata: the learner reads the frames itself
     check_inputs(spec, policy_inputs(base))
-    args.demo_frames = spec.frames
     base.eval()
     out: dict[str, Any] = {"seed": seed, "demo_frames": spec.frames, "pretrain_wall_s": time.perf_counter() - t0}
     done = {arm: work / f"{arm}.json" for arm in ("base", *ARMS)}
@@ -297,7 +296,7 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=8)
     ap.add_argument("--reaction-delay", type=int, default=2)
     ap.add_argument("--operator-noise", type=float, default=0.05)
-    ap.add_argument("--correct-from", default="approach", choices=("approach", "here"),
+    ap.add_argument("--correct-from", default="approach", choices=CORRECT_FROM,
                     help="where the operator's corrections start (operator.correct_from)")
     ap.add_argument("--arms", nargs="+", default=["base", *ARMS], choices=["base", *ARMS],
                     help="arms this process runs (the others are read from the work folder when done there)")

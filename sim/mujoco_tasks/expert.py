@@ -36,6 +36,7 @@ PUSH_BACKOFF = 0.055  # m behind the cube centre where the closed fingers start
 PUSH_LEAD = 0.025  # m the push goal runs ahead of the contact point
 CLOSE_STEPS = 4  # control steps the gripper gets to close
 RELEASE_STEPS = 3
+HELD_RADIUS = 0.035  # m: the cube centre this close to the pinch point counts as held
 
 
 class ScriptedExpert:
@@ -68,7 +69,7 @@ class ScriptedExpert:
             task, self.subtask = subtask(task, s)
         if task.kind == "push":
             return
-        held = closure > 0.5 and float(np.linalg.norm(s.cubes[task.cube] - s.pinch)) < 0.035
+        held = closure > 0.5 and float(np.linalg.norm(s.cubes[task.cube] - s.pinch)) < HELD_RADIUS
         self._set("lift" if held else "descend")
 
     def act(self, task: Task, s: TaskState, closure: float, target: np.ndarray) -> np.ndarray:
@@ -101,7 +102,7 @@ class ScriptedExpert:
     def _pick_place(self, task: Task, s: TaskState, closure: float) -> tuple[np.ndarray, float]:
         cube = s.cubes[task.cube]
         self.count += 1
-        held = np.linalg.norm(cube - s.pinch) < 0.035
+        held = np.linalg.norm(cube - s.pinch) < HELD_RADIUS
         if self.phase in ("lift", "carry", "lower") and not held:
             self._set("approach")  # dropped it: start over
         if self.phase == "approach":

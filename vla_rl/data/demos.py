@@ -47,8 +47,12 @@ def collect_demos(
     buffers: list[list[tuple]] = [[] for _ in range(env.num_envs)]
     obs = env.reset()
     attempted = successes = frames = 0
+
+    def budget_spent() -> bool:
+        return bool(max_frames) and frames >= max_frames
+
     with tqdm(total=episodes, desc=f"collect {env.spec.env_id}", unit="ep") as bar:
-        while rec.num_episodes < episodes and attempted < max_attempts and not (max_frames and frames >= max_frames):
+        while rec.num_episodes < episodes and attempted < max_attempts and not budget_spent():
             actions = env.expert_actions()
             prev = obs
             executed = actions
@@ -65,7 +69,7 @@ def collect_demos(
                 attempted += 1
                 ok = bool(info["episode"]["success"][i])
                 successes += ok
-                if (ok or not only_success) and rec.num_episodes < episodes and not (max_frames and frames >= max_frames):
+                if (ok or not only_success) and rec.num_episodes < episodes and not budget_spent():
                     if max_frames:
                         del buffers[i][max_frames - frames:]
                     for row_i, a, r, s in buffers[i]:
@@ -76,7 +80,7 @@ def collect_demos(
                     bar.update(1)
                 buffers[i] = []
                 bar.set_postfix(success=f"{successes}/{attempted}")
-    if rec.num_episodes < episodes and not (max_frames and frames >= max_frames):
+    if rec.num_episodes < episodes and not budget_spent():
         raise RuntimeError(
             f"{env.spec.env_id}: only {rec.num_episodes}/{episodes} successful expert episodes in {attempted} attempts"
         )
