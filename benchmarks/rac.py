@@ -97,8 +97,8 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
     budget = math.ceil(args.budget / 3) if arm == "rac_third" else args.budget
     steps = args.finetune_steps // rounds
     cfg = RaCLearnerConfig(
-        steps=args.finetune_steps, steps_per_iter=steps, batch_size=args.batch, lr=args.lr, demos=str(demos),
-        demo_ratio=0.5, episodes_per_round=0 if arm == "demos" else 100_000, iters_per_round=1,
+        steps=args.finetune_steps, steps_per_iter=steps, batch_size=args.batch, lr=args.lr, ema=args.ema,
+        demos=str(demos), demo_ratio=0.5, episodes_per_round=0 if arm == "demos" else 100_000, iters_per_round=1,
         round_operator_steps=math.ceil(budget / rounds), rounds_dir=str(work / arm / "rounds"),
         operator=OperatorConfig(recover=arm.startswith("rac"), reaction_delay=args.reaction_delay,
                                 action_noise=args.operator_noise, correct_from=args.correct_from),
@@ -236,7 +236,8 @@ def report(summary: dict[str, Any]) -> str:
         "",
         f"Task `{ENV_ID}` (front and wrist cameras + proprioception), the quickstart's compact flow policy pre-trained "
         f"on {a['demos']} noisy expert demos for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
-        f"{a['finetune_steps']} gradient steps (batch {a['batch']}, demos mixed 1:1); RaC and DAgger in "
+        f"{a['finetune_steps']} gradient steps (batch {a['batch']}, demos mixed 1:1"
+        + (f", weights averaged with EMA decay {a['ema']}" if a.get("ema") else "") + "); RaC and DAgger in "
         f"{a['rounds']} rounds; `rac_third`: RaC on a third of the budget; the demos arm's last episode is cut at the "
         f"budget. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
         f"{a['operator_noise']}, corrections from `{a.get('correct_from', 'approach')}`. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals.",
@@ -293,6 +294,8 @@ def main() -> None:
     ap.add_argument("--finetune-steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--ema", type=float, default=0.0, help="decay of the fine-tuning's weight average (algo.ema; 0: "
+                    "none): each round's collection and the evaluation use the averaged weights")
     ap.add_argument("--envs", type=int, default=8)
     ap.add_argument("--reaction-delay", type=int, default=2)
     ap.add_argument("--operator-noise", type=float, default=0.05)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -140,6 +141,65 @@ def test_sft_updater_state_dict_resumes_exactly():
     assert not all(torch.equal(a, b) for a, b in zip(straight.policy.parameters(), second.policy.parameters()))
     with pytest.raises(ValueError, match="EMA"):
         SFTUpdater(fresh(), SFTConfig(steps=6)).load_state_dict(state)
+
+
+def test_the_sft_learners_ema_shows_the_average_and_trains_on_from_the_raw_iterate():
+    """``algo.ema``: after every iteration the policy holds the averaged weights (what evaluation, checkpoints and
+    RaC's next round use), the gradient steps go on from the raw iterate exactly as without the average, and a
+    learner resumed from its state and the shown weights continues bit for bit."""
+    from policies.compact.config import CompactFlowConfig
+    from policies.compact.policy import CompactFlowPolicy
+    from vla_rl.algorithms.base import IterationInputs
+    from vla_rl.algorithms.filtered_bc import FilteredBCConfig
+    from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
+    from vla_rl.data import make_chunks
+
+    gen = torch.Generator().manual_seed(0)
+    states = torch.randn(12, STATE, generator=gen)
+    data = make_chunks({"observation.state": states, "task": ["t"] * 12}, torch.tanh(states[:, :ACT]),
+                       torch.arange(12) // 6, horizon=4)
+
+    def fresh(ema: float) -> SFTLearner:
+        torch.manual_seed(0)
+        policy = CompactFlowPolicy(CompactFlowConfig(
+            cameras=(), state_dim=STATE, action_dim=ACT, chunk_size=4, width=32, heads=2, expert_layers=1,
+            text_encoder="hashed", text_buckets=64, value_hidden=16, noise_hidden=8))
+        return SFTLearner(SFTLearnerConfig(steps=6, steps_per_iter=2, batch_size=4, lr=3e-3, ema=ema), policy)
+
+    def iterate(learner: SFTLearner, iterations: range) -> None:
+        for it in iterations:
+            learner.update(learner.collect(IterationInputs(iteration=it, seed_base=0, reset=True, data=data)))
+
+    def trainable(learner: SFTLearner) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in learner.policy.parameters() if p.requires_grad]
+
+    torch.manual_seed(1)
+    plain = fresh(0.0)
+    iterate(plain, range(3))
+    torch.manual_seed(1)
+    averaged = fresh(0.5)
+    iterate(averaged, range(1))
+    state, rng, shown = copy.deepcopy((averaged.state_dict(), torch.get_rng_state(), averaged.policy.state_dict()))
+    iterate(averaged, range(1, 3))
+    assert averaged._raw is not None
+    ema = [q for q in averaged.updater.ema.module.parameters() if q.requires_grad]
+    for p, q in zip(trainable(averaged), ema, strict=True):
+        assert torch.equal(p, q)  # the policy shows the average
+    for raw, p in zip(averaged._raw, trainable(plain), strict=True):
+        assert torch.equal(raw, p)  # and training went on from the raw iterate, as without it
+    assert not all(torch.equal(a, b) for a, b in zip(trainable(averaged), trainable(plain)))
+
+    resumed = fresh(0.5)
+    resumed.policy.load_state_dict(shown)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)
+    iterate(resumed, range(1, 3))
+    for a, b in zip(trainable(resumed), trainable(averaged), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="algo.ema"):
+        SFTLearnerConfig(ema=1.0)
+    with pytest.raises(ValueError, match="algo.ema"):
+        FilteredBCConfig(ema=0.9)
 
 
 def test_the_sft_learner_trains_under_vla_rl_train_and_resumes(tmp_path):

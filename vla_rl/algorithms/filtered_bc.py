@@ -93,6 +93,9 @@ class FilteredBCConfig(SFTLearnerConfig):
             raise ValueError(f"algo.overlap_worker_nice must lie in [0, 19], got {self.overlap_worker_nice}")
         if not 0.0 <= self.demo_ratio < 1.0:
             raise ValueError(f"algo.demo_ratio must lie in [0, 1), got {self.demo_ratio}")
+        if self.ema:
+            raise ValueError("algo.ema: filtered_bc trains the weights it collects with (and with algo.overlap in a "
+                             "background thread); the moving average is for algo.type sft and rac")
 
     def with_default_demos(self, path: str) -> LearnerConfig:
         return self if self.demos else dataclasses.replace(self, demos=path)

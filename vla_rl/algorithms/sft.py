@@ -33,6 +33,11 @@ class SFTLearnerConfig(SFTConfig, LearnerConfig):
     """Length of the learning-rate schedule in gradient steps; 0 = the run's ``iterations x steps_per_iter``."""
     steps_per_iter: int = 100
     """Gradient steps per training iteration (between evaluations and checkpoints)."""
+    ema: float = 0.0
+    """Decay of an exponential moving average of the weights (per gradient step; 0: none). With it, every
+    iteration ends with the averaged weights in the policy: the evaluation, the checkpoint's policy and the next
+    collection (RaC's rounds) use them, while the gradient steps go on from the raw iterate, which the learner's
+    state keeps (as Diffusion Policy trains and evaluates; docs/benchmarks.md, "RaC: reading")."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -40,9 +45,11 @@ class SFTLearnerConfig(SFTConfig, LearnerConfig):
             raise ValueError(f"algo.steps_per_iter must be >= 1, got {self.steps_per_iter}")
         if self.steps < 0:
             raise ValueError(f"algo.steps must be >= 0 (0 = iterations x steps_per_iter), got {self.steps}")
-        if self.ema or self.stop_at_success:
-            raise ValueError("algo.ema / algo.stop_at_success: the training loop evaluates and checkpoints the live "
-                             "weights every iteration; use `vla-rl sft` for EMA weights or a success-based stop")
+        if self.stop_at_success:
+            raise ValueError("algo.stop_at_success: the training loop runs its iterations; use `vla-rl sft` for a "
+                             "success-based stop")
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"algo.ema must lie in [0, 1) (0: no moving average), got {self.ema}")
 
     def for_run(self, iterations: int) -> LearnerConfig:
         if self.steps:
@@ -66,6 +73,8 @@ class SFTLearner(Learner):
     def __init__(self, cfg: SFTLearnerConfig, policy: Policy) -> None:
         super().__init__(cfg, policy)
         self.updater: SFTUpdater | None = None
+        self._raw: list[torch.Tensor] | None = None
+        """With ``cfg.ema``: the raw iterate's trainable parameters while the policy shows the averaged ones."""
         self._pending_state: dict[str, Any] | None = None
         self._pending_rank_state: dict[str, Any] | None = None
 
@@ -106,9 +115,27 @@ class SFTLearner(Learner):
 
     def update(self, batches: list[ChunkBatch]) -> dict[str, float]:
         sums: dict[str, float] = {}
+        self._resume_raw()
         self._train_steps(batches, sums)
+        self._show_ema()
         self.iteration += 1
         return self._averages(sums)
+
+    def _show_ema(self) -> None:
+        """With ``cfg.ema``: keep the raw iterate aside and put the averaged weights in the policy."""
+        if self.updater is None or self.updater.ema is None:
+            return
+        self._raw = [p.detach().clone() for p in self.updater.params]
+        self.updater.use_ema_weights()
+
+    def _resume_raw(self) -> None:
+        """Put the raw iterate back before gradient steps (nothing unless :meth:`_show_ema` set it aside)."""
+        if self._raw is None or self.updater is None:
+            return
+        with torch.no_grad():
+            for p, raw in zip(self.updater.params, self._raw, strict=True):
+                p.copy_(raw)
+        self._raw = None
 
     def _train_steps(self, batches: list[ChunkBatch], into: dict[str, float]) -> None:
         """One gradient step per batch, adding each step's statistics and the step count (``steps``) to ``into``."""
@@ -128,11 +155,13 @@ class SFTLearner(Learner):
         return [self.updater.optimizer] if self.updater is not None else []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "sft": self.updater.state_dict() if self.updater is not None else None}
+        return {"iteration": self.iteration, "sft": self.updater.state_dict() if self.updater is not None else None,
+                "raw": [t.clone() for t in self._raw] if self._raw is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration = state["iteration"]
         self._pending_state = state.get("sft")
+        self._raw = state.get("raw")
 
     def rank_state(self) -> dict[str, Any]:
         """The minibatch / augmentation generator: each rank samples its own rows."""
