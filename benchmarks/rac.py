@@ -265,21 +265,26 @@ def report(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def verdict(pool: dict[str, Any]) -> str:
+def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:
     """The issue's two tests on the pooled success: RaC above both other arms at equal operator steps, or RaC on a
-    third of the budget at least as high as the demos arm on all of it."""
+    third of the budget at least as high as the demos arm on all of it; and on how many seeds each holds."""
     rac, dem, dag, third = (pool[a]["success"] for a in ("rac", "demos", "dagger", "rac_third"))
     steps = {arm: sum(pool[arm]["operator_steps"]) for arm in ARMS}
     better = rac > dem and rac > dag
     sep = pool["rac"]["ci"][0] > max(pool["demos"]["ci"][1], pool["dagger"]["ci"][1])
     overlap = pool["rac_third"]["ci"][1] >= pool["demos"]["ci"][0] and pool["demos"]["ci"][1] >= pool["rac_third"]["ci"][0]
+    sr = [{arm: r[arm]["success"] for arm in ARMS} for r in results]
+    highest = sum(x["rac"] > max(x["demos"], x["dagger"]) for x in sr)
+    third_ok = sum(x["rac_third"] >= x["demos"] for x in sr)
     return (f"Verdict: RaC {rac:.3f} ({steps['rac']} operator steps) vs demos {dem:.3f} ({steps['demos']}) vs "
             f"DAgger-style {dag:.3f} ({steps['dagger']}): "
             + ("RaC highest" + (" with non-overlapping intervals." if sep else ", but the intervals overlap.")
                if better else "RaC is not the highest in this run.")
             + f" RaC on a third of the budget: {third:.3f} ({steps['rac_third']} operator steps) against the demos "
             + f"arm's {dem:.3f}: " + ("as high or higher." if third >= dem else
-                                      "lower" + (", the intervals overlapping." if overlap else ".")))
+                                      "lower" + (", the intervals overlapping." if overlap else "."))
+            + f" Per seed: RaC highest on {highest} of {len(results)}, RaC on a third at least the demos arm on "
+            + f"{third_ok} of {len(results)}.")
 
 
 def main() -> None:
@@ -333,7 +338,7 @@ def publish(results: list[dict[str, Any]], args: argparse.Namespace, wall: float
     pool = {arm: pooled(results, arm) for arm in ("base", *ARMS)}
     summary = {
         "command": " ".join(sys.argv[1:]), "args": vars(args), "seeds": results, "pooled": pool,
-        "scaling": {arm: scaling(results, arm) for arm in ("base", *ARMS)}, "verdict": verdict(pool),
+        "scaling": {arm: scaling(results, arm) for arm in ("base", *ARMS)}, "verdict": verdict(pool, results),
         "wall_s": sum(r["base"]["eval_wall_s"] + sum(r[a]["wall_s"] for a in ARMS) for r in results),
         "this_call_wall_s": wall,
         "conditions": f"{platform.machine()}, {torch.get_num_threads()} torch thread, shared 2-CPU machine: wall "
