@@ -156,7 +156,7 @@ class SFTLearner(Learner):
 
     def state_dict(self) -> dict[str, Any]:
         return {"iteration": self.iteration, "sft": self.updater.state_dict() if self.updater is not None else None,
-                "raw": [t.clone() for t in self._raw] if self._raw is not None else None}
+                "raw": self._raw}  # never changed in place (replaced each iteration), so no copy
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration = state["iteration"]
