@@ -70,6 +70,8 @@ class SFTConfig:
     """Episodes per success check."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"sft.ema must lie in [0, 1) (0: keep the last iterate), got {self.ema}")
         if not 0.0 <= self.stop_at_success <= 1.0:
             raise ValueError(f"sft.stop_at_success={self.stop_at_success} must lie in [0, 1]")
         if self.check_every < 1 or self.check_episodes < 1 or self.check_from < 1:

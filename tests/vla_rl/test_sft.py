@@ -141,6 +141,9 @@ def test_sft_updater_state_dict_resumes_exactly():
     assert not all(torch.equal(a, b) for a, b in zip(straight.policy.parameters(), second.policy.parameters()))
     with pytest.raises(ValueError, match="EMA"):
         SFTUpdater(fresh(), SFTConfig(steps=6)).load_state_dict(state)
+    for bad in (1.0, -0.1):  # a decay of 1 would freeze the average at the initial weights
+        with pytest.raises(ValueError, match="sft.ema"):
+            SFTConfig(ema=bad)
 
 
 def test_the_sft_learners_ema_shows_the_average_and_trains_on_from_the_raw_iterate():

@@ -40,6 +40,8 @@ class SFTLearnerConfig(SFTConfig, LearnerConfig):
     state keeps (as Diffusion Policy trains and evaluates; docs/benchmarks.md, "RaC: reading")."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.ema < 1.0:  # before SFTConfig's own check, which names the `vla-rl sft` flag
+            raise ValueError(f"algo.ema must lie in [0, 1) (0: no moving average), got {self.ema}")
         super().__post_init__()
         if self.steps_per_iter < 1:
             raise ValueError(f"algo.steps_per_iter must be >= 1, got {self.steps_per_iter}")
@@ -48,8 +50,6 @@ class SFTLearnerConfig(SFTConfig, LearnerConfig):
         if self.stop_at_success:
             raise ValueError("algo.stop_at_success: the training loop runs its iterations; use `vla-rl sft` for a "
                              "success-based stop")
-        if not 0.0 <= self.ema < 1.0:
-            raise ValueError(f"algo.ema must lie in [0, 1) (0: no moving average), got {self.ema}")
 
     def for_run(self, iterations: int) -> LearnerConfig:
         if self.steps:
