@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -100,6 +101,10 @@ def pretrain(seed: int, args: argparse.Namespace, work: Path) -> tuple[Any, Path
 def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: Path, work: Path) -> dict[str, Any]:
     """Spend the arm's operator budget and fine-tune ``policy`` in place; returns the arm's counts."""
     t0 = time.perf_counter()
+    arm_dir = work / "arms" / arm  # apart from the pre-training's demo cache (work/demos)
+    if arm_dir.exists():  # left by a run of this arm that did not finish (its result file is missing): the
+        print(f"removing {arm_dir}, an unfinished run's", flush=True)  # learner would reload its stale rounds
+        shutil.rmtree(arm_dir)
     env = make_env(args.envs, seed * 1000 + 500)
     rounds = args.rounds if arm != "demos" else 1
     budget = math.ceil(args.budget / 3) if arm == "rac_third" else args.budget
@@ -107,14 +112,14 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
     cfg = RaCLearnerConfig(
         steps=args.finetune_steps, steps_per_iter=steps, batch_size=args.batch, lr=args.lr, ema=args.ema,
         demos=str(demos), demo_ratio=0.5, episodes_per_round=0 if arm == "demos" else 100_000, iters_per_round=1,
-        round_operator_steps=math.ceil(budget / rounds), rounds_dir=str(work / arm / "rounds"),
+        round_operator_steps=math.ceil(budget / rounds), rounds_dir=str(arm_dir / "rounds"),
         operator=OperatorConfig(recover=arm.startswith("rac"), reaction_delay=args.reaction_delay,
                                 action_noise=args.operator_noise, correct_from=args.correct_from),
     )
     data = None
     operator_steps: dict[str, int] = {"recovery": 0, "correction": 0}
     if arm == "demos":  # whole expert episodes, the last one cut at the budget: exactly the budget's steps
-        extra = work / arm / "extra-demos"
+        extra = arm_dir / "extra-demos"
         got = collect_demos(env, extra, args.budget, "local/rac-bench-extra", seed=seed + 77, max_frames=args.budget)
         operator_steps["correction"] = got["frames"]
         data = load_chunks(extra, policy_inputs(policy), policy.chunk_size)
