@@ -20,6 +20,11 @@ of gradient steps:
 - ``rac_third``: RaC rounds on a third of the budget (the issue's other test: RaC matching the demos arm with at
   most a third of its operator steps), the same gradient steps.
 
+Asked for with ``--arms`` (not run by default), two controls: ``control``, the same gradient steps on the pre-training
+demos alone (what more training gives without operator data), and ``demos_pooled``, the demos arm's new episodes
+pooled with the pre-training's so every frame is drawn alike (the demos arm mixes them 1:1, so a few new episodes
+fill half of every batch).
+
 Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` held-out episodes
 (deterministic, seeds disjoint from everything else), with 95% Wilson intervals; and, for the test-time
 scaling plot, every arm's policy runs ``--scaling-episodes`` episodes alone while its own recovery
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -67,6 +73,8 @@ SECTION = "## RaC: recovery and correction vs more demos vs DAgger"
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SEED = 9_000_000  # held-out episodes: far from demo, round and scaling seeds
 ARMS = ("rac", "dagger", "demos", "rac_third")
+CONTROLS = ("control", "demos_pooled")  # run only when asked for (--arms); reported when every seed has them
+ROUND_ARMS = ("rac", "dagger", "rac_third")
 
 
 def make_env(num_envs: int, seed: int) -> Any:
@@ -106,28 +114,33 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
         print(f"removing {arm_dir}, an unfinished run's", flush=True)  # learner would reload its stale rounds
         shutil.rmtree(arm_dir)
     env = make_env(args.envs, seed * 1000 + 500)
-    rounds = args.rounds if arm != "demos" else 1
+    rounds = args.rounds if arm in ROUND_ARMS else 1
     budget = math.ceil(args.budget / 3) if arm == "rac_third" else args.budget
     steps = args.finetune_steps // rounds
     cfg = RaCLearnerConfig(
         steps=args.finetune_steps, steps_per_iter=steps, batch_size=args.batch, lr=args.lr, ema=args.ema,
-        demos=str(demos), demo_ratio=0.5, episodes_per_round=0 if arm == "demos" else 100_000, iters_per_round=1,
+        demos=str(demos), demo_ratio=0.5, episodes_per_round=100_000 if arm in ROUND_ARMS else 0, iters_per_round=1,
         round_operator_steps=math.ceil(budget / rounds), rounds_dir=str(arm_dir / "rounds"),
         operator=OperatorConfig(recover=arm.startswith("rac"), reaction_delay=args.reaction_delay,
                                 action_noise=args.operator_noise, correct_from=args.correct_from),
     )
     data = None
     operator_steps: dict[str, int] = {"recovery": 0, "correction": 0}
-    if arm == "demos":  # whole expert episodes, the last one cut at the budget: exactly the budget's steps
+    if arm in ("demos", "demos_pooled"):  # whole expert episodes, the last one cut at the budget: the budget's steps
         extra = arm_dir / "extra-demos"
         got = collect_demos(env, extra, args.budget, "local/rac-bench-extra", seed=seed + 77, max_frames=args.budget)
         operator_steps["correction"] = got["frames"]
         data = load_chunks(extra, policy_inputs(policy), policy.chunk_size)
+        if arm == "demos_pooled":  # the new episodes pooled with the pre-training's: every frame drawn alike
+            old = dataset_spec(demos).frames
+            cfg = dataclasses.replace(cfg, demo_ratio=old / (old + got["frames"]))
+    elif arm == "control":  # no operator data: the same gradient steps on the pre-training demos alone
+        data = load_chunks(demos, policy_inputs(policy), policy.chunk_size)
     learner = RaCLearner(cfg, policy)
     engine = RolloutEngine(env, policy, 0)
     for it in range(rounds):
         batches = learner.collect(IterationInputs(iteration=it, seed_base=seed * 1000 + 100 * it, reset=True,
-                                                  engine=engine if arm != "demos" else None, data=data))
+                                                  engine=engine if arm in ROUND_ARMS else None, data=data))
         learner.update(batches)
     env.close()
     for r in learner.round_stats:
@@ -178,7 +191,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     check_inputs(spec, policy_inputs(base))
     base.eval()
     out: dict[str, Any] = {"seed": seed, "demo_frames": spec.frames, "pretrain_wall_s": time.perf_counter() - t0}
-    done = {arm: work / f"{arm}.json" for arm in ("base", *ARMS)}
+    done = {arm: work / f"{arm}.json" for arm in ("base", *ARMS, *CONTROLS)}
     if not done["base"].exists() and "base" in args.arms:
         write_json(done["base"], evaluate(base, args, seed), indent=2)
     elif "base" in args.arms and args.scaling_episodes and "recoveries" not in json.loads(done["base"].read_text()):
@@ -188,7 +201,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if done["base"].exists():
         out["base"] = json.loads(done["base"].read_text())
         print(f"seed {seed}: pre-trained success {out['base']['success']:.3f}", flush=True)
-    for arm in ARMS:
+    for arm in (*ARMS, *CONTROLS):
         if done[arm].exists():
             out[arm] = json.loads(done[arm].read_text())
             continue
@@ -196,7 +209,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             continue
         policy = copy.deepcopy(base)
         policy.train()
-        torch.manual_seed(seed * 10 + ARMS.index(arm))
+        torch.manual_seed(seed * 10 + (*ARMS, *CONTROLS).index(arm))
         row = finetune(policy, arm, args, seed, demos, work)
         row.update(evaluate(policy, args, seed))
         row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
@@ -271,7 +284,7 @@ def report(summary: dict[str, Any]) -> str:
         b = r["base"]
         lines.append(f"| pre-trained | {r['seed']} | 0 | {b['success']:.3f} [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] "
                      f"| {b['eval_wall_s']:.0f} |")
-        for arm in ARMS:
+        for arm in (a for a in summary["pooled"] if a != "base"):
             x = r[arm]
             lines.append(f"| {arm} | {r['seed']} | {x['operator_steps']} ({x['recovery_steps']} / "
                          f"{x['correction_steps']}) | {x['success']:.3f} [{x['ci'][0]:.3f}, {x['ci'][1]:.3f}] | "
@@ -282,6 +295,8 @@ def report(summary: dict[str, Any]) -> str:
     lines += ["", "Test-time scaling (success by the number of recovery manoeuvres the policy itself makes per "
               "episode, its own episodes without an operator; `k: successes/episodes`):", ""]
     for arm, table in summary["scaling"].items():
+        if not table:  # evaluated without scaling episodes
+            continue
         lines.append(f"- {arm}: " + ", ".join(f"{k}: {v[0]}/{v[1]}" for k, v in table.items()))
     lines += ["", "![success vs recoveries](../benchmarks/results/rac_scaling.png)", "", summary["verdict"]]
     return "\n".join(lines)
@@ -306,7 +321,20 @@ def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:
             + f"arm's {dem:.3f}: " + ("as high or higher." if third >= dem else
                                       "lower" + (", the intervals overlapping." if overlap else "."))
             + f" Per seed: RaC highest on {highest} of {len(results)}, RaC on a third at least the demos arm on "
-            + f"{third_ok} of {len(results)}.")
+            + f"{third_ok} of {len(results)}." + controls(pool))
+
+
+def controls(pool: dict[str, Any]) -> str:
+    """What the control arms (when run on every seed) say beside the verdict."""
+    out = ""
+    if "control" in pool:
+        out += (f" Control (the same gradient steps, no operator data): {pool['control']['success']:.3f}; RaC "
+                f"{pool['rac']['success'] - pool['control']['success']:+.3f} over it.")
+    if "demos_pooled" in pool:
+        p = pool["demos_pooled"]["success"]
+        out += (f" The new demos pooled with the pre-training's (every frame drawn alike): {p:.3f}; RaC on a third "
+                f"{'at least as high' if pool['rac_third']['success'] >= p else 'lower'}.")
+    return out
 
 
 def main() -> None:
@@ -328,7 +356,7 @@ def main() -> None:
     ap.add_argument("--operator-noise", type=float, default=0.05)
     ap.add_argument("--correct-from", default="approach", choices=CORRECT_FROM,
                     help="where the operator's corrections start (operator.correct_from)")
-    ap.add_argument("--arms", nargs="+", default=["base", *ARMS], choices=["base", *ARMS],
+    ap.add_argument("--arms", nargs="+", default=["base", *ARMS], choices=["base", *ARMS, *CONTROLS],
                     help="arms this process runs (the others are read from the work folder when done there)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rac.json"))
     ap.add_argument("--write", default="")
@@ -357,11 +385,12 @@ def main() -> None:
 
 def publish(results: list[dict[str, Any]], args: argparse.Namespace, wall: float) -> None:
     """Write ``--out``, the scaling plot beside it and (with ``--write``) the markdown section."""
-    pool = {arm: pooled(results, arm) for arm in ("base", *ARMS)}
+    arms = ("base", *ARMS, *(a for a in CONTROLS if all(a in r for r in results)))
+    pool = {arm: pooled(results, arm) for arm in arms}
     summary = {
         "command": " ".join(sys.argv[1:]), "args": vars(args), "seeds": results, "pooled": pool,
-        "scaling": {arm: scaling(results, arm) for arm in ("base", *ARMS)}, "verdict": verdict(pool, results),
-        "wall_s": sum(r["base"]["eval_wall_s"] + sum(r[a]["wall_s"] for a in ARMS) for r in results),
+        "scaling": {arm: scaling(results, arm) for arm in arms}, "verdict": verdict(pool, results),
+        "wall_s": sum(r["base"]["eval_wall_s"] + sum(r[a]["wall_s"] for a in arms[1:]) for r in results),
         "this_call_wall_s": wall,
         "conditions": f"{platform.machine()}, {torch.get_num_threads()} torch thread, shared 2-CPU machine: wall "
                       "times are noisy",
