@@ -369,7 +369,7 @@ def main() -> None:
     root = Path(args.work) if args.work else ROOT / "runs" / f"bench-rac-{time.strftime('%Y%m%d-%H%M%S')}"
     for seed in args.seeds:
         done = root / f"s{seed}" / "result.json"  # a finished seed is kept: a second run reuses it
-        if done.exists():
+        if done.exists() and all(arm in json.loads(done.read_text()) for arm in args.arms):
             print(f"seed {seed}: reusing {done}", flush=True)
             results.append(json.loads(done.read_text()))
         else:
