@@ -75,6 +75,7 @@ EVAL_SEED = 9_000_000  # held-out episodes: far from demo, round and scaling see
 ARMS = ("rac", "dagger", "demos", "rac_third")
 CONTROLS = ("control", "demos_pooled")  # run only when asked for (--arms); reported when every seed has them
 ROUND_ARMS = ("rac", "dagger", "rac_third")
+ALL_ARMS = (*ARMS, *CONTROLS)
 
 
 def make_env(num_envs: int, seed: int) -> Any:
@@ -191,17 +192,18 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     check_inputs(spec, policy_inputs(base))
     base.eval()
     out: dict[str, Any] = {"seed": seed, "demo_frames": spec.frames, "pretrain_wall_s": time.perf_counter() - t0}
-    done = {arm: work / f"{arm}.json" for arm in ("base", *ARMS, *CONTROLS)}
-    if not done["base"].exists() and "base" in args.arms:
-        write_json(done["base"], evaluate(base, args, seed), indent=2)
-    elif "base" in args.arms and args.scaling_episodes and "recoveries" not in json.loads(done["base"].read_text()):
-        row = json.loads(done["base"].read_text())  # evaluated without the scaling episodes: add only those
-        row["recoveries"] = recoveries(base, args, seed)
-        write_json(done["base"], row, indent=2)
-    if done["base"].exists():
-        out["base"] = json.loads(done["base"].read_text())
-        print(f"seed {seed}: pre-trained success {out['base']['success']:.3f}", flush=True)
-    for arm in (*ARMS, *CONTROLS):
+    done = {arm: work / f"{arm}.json" for arm in ("base", *ALL_ARMS)}
+    kept = json.loads(done["base"].read_text()) if done["base"].exists() else None
+    if "base" in args.arms and kept is None:
+        kept = evaluate(base, args, seed)
+        write_json(done["base"], kept, indent=2)
+    elif "base" in args.arms and args.scaling_episodes and "recoveries" not in kept:
+        kept["recoveries"] = recoveries(base, args, seed)  # evaluated without the scaling episodes: add only those
+        write_json(done["base"], kept, indent=2)
+    if kept is not None:
+        out["base"] = kept
+        print(f"seed {seed}: pre-trained success {kept['success']:.3f}", flush=True)
+    for arm in ALL_ARMS:
         if done[arm].exists():
             out[arm] = json.loads(done[arm].read_text())
             continue
@@ -209,7 +211,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             continue
         policy = copy.deepcopy(base)
         policy.train()
-        torch.manual_seed(seed * 10 + (*ARMS, *CONTROLS).index(arm))
+        torch.manual_seed(seed * 10 + ALL_ARMS.index(arm))
         row = finetune(policy, arm, args, seed, demos, work)
         row.update(evaluate(policy, args, seed))
         row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
@@ -356,7 +358,7 @@ def main() -> None:
     ap.add_argument("--operator-noise", type=float, default=0.05)
     ap.add_argument("--correct-from", default="approach", choices=CORRECT_FROM,
                     help="where the operator's corrections start (operator.correct_from)")
-    ap.add_argument("--arms", nargs="+", default=["base", *ARMS], choices=["base", *ARMS, *CONTROLS],
+    ap.add_argument("--arms", nargs="+", default=["base", *ARMS], choices=["base", *ALL_ARMS],
                     help="arms this process runs (the others are read from the work folder when done there)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rac.json"))
     ap.add_argument("--write", default="")
@@ -369,9 +371,10 @@ def main() -> None:
     root = Path(args.work) if args.work else ROOT / "runs" / f"bench-rac-{time.strftime('%Y%m%d-%H%M%S')}"
     for seed in args.seeds:
         done = root / f"s{seed}" / "result.json"  # a finished seed is kept: a second run reuses it
-        if done.exists() and all(arm in json.loads(done.read_text()) for arm in args.arms):
+        kept = json.loads(done.read_text()) if done.exists() else {}
+        if kept and all(arm in kept for arm in args.arms):
             print(f"seed {seed}: reusing {done}", flush=True)
-            results.append(json.loads(done.read_text()))
+            results.append(kept)
         else:
             result = run_seed(seed, args, root / f"s{seed}")
             if not all(arm in result for arm in ("base", *ARMS)):

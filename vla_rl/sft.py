@@ -24,7 +24,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -40,6 +40,9 @@ from vla_rl.data.dataset import load_chunks, policy_inputs
 @dataclass
 class SFTConfig:
     """Supervised pre-training settings."""
+
+    flags: ClassVar[str] = "sft."
+    """How the command line spells these fields (the quickstart's ``--sft.*``), for error messages."""
 
     steps: int = 1500
     """Gradient steps."""
@@ -70,12 +73,13 @@ class SFTConfig:
     """Episodes per success check."""
 
     def __post_init__(self) -> None:
+        f = self.flags
         if not 0.0 <= self.ema < 1.0:
-            raise ValueError(f"sft.ema must lie in [0, 1) (0: keep the last iterate), got {self.ema}")
+            raise ValueError(f"{f}ema must lie in [0, 1) (0: no moving average), got {self.ema}")
         if not 0.0 <= self.stop_at_success <= 1.0:
-            raise ValueError(f"sft.stop_at_success={self.stop_at_success} must lie in [0, 1]")
+            raise ValueError(f"{f}stop_at_success={self.stop_at_success} must lie in [0, 1]")
         if self.check_every < 1 or self.check_episodes < 1 or self.check_from < 1:
-            raise ValueError("sft.check_every, sft.check_from and sft.check_episodes must be >= 1")
+            raise ValueError(f"{f}check_every, {f}check_from and {f}check_episodes must be >= 1")
 
 
 DemoChunks = ChunkDataset

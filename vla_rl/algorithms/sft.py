@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -39,9 +39,9 @@ class SFTLearnerConfig(SFTConfig, LearnerConfig):
     collection (RaC's rounds) use them, while the gradient steps go on from the raw iterate, which the learner's
     state keeps (as Diffusion Policy trains and evaluates; docs/benchmarks.md, "RaC: reading")."""
 
+    flags: ClassVar[str] = "algo."
+
     def __post_init__(self) -> None:
-        if not 0.0 <= self.ema < 1.0:  # before SFTConfig's own check, which names the `vla-rl sft` flag
-            raise ValueError(f"algo.ema must lie in [0, 1) (0: no moving average), got {self.ema}")
         super().__post_init__()
         if self.steps_per_iter < 1:
             raise ValueError(f"algo.steps_per_iter must be >= 1, got {self.steps_per_iter}")

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from vla_rl.commands import COMMANDS
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
@@ -40,6 +40,8 @@ def _default_policy() -> PolicyConfig:
 @dataclass
 class SFTRunConfig(SFTConfig):
     """``vla-rl sft``: supervised pre-training on a LeRobotDataset folder (the SFT settings are top-level fields)."""
+
+    flags: ClassVar[str] = ""
 
     dataset: str = ""
     """LeRobotDataset folder (written by ``vla-rl collect`` or LeRobot's tools); required."""
