@@ -25,6 +25,12 @@ demos alone (what more training gives without operator data), and ``demos_pooled
 pooled with the pre-training's so every frame is drawn alike (the demos arm mixes them 1:1, so a few new episodes
 fill half of every batch).
 
+With ``--draws N`` every arm is trained N times from the same pre-trained policy, each draw with its own
+collection and training seeds (draw 0 keeps the seeds of a single-draw run, so its results stay valid), and its
+success is pooled over the draws' N x ``--eval-episodes`` episodes: one draw of 1500 gradient steps moves an arm by
+as much as 0.1 (docs/benchmarks.md, "RaC: reading"), as much as the arms differ, so comparing data sources on one
+draw each compares training noise too.
+
 Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` held-out episodes
 (deterministic, seeds disjoint from everything else), with 95% Wilson intervals; and, for the test-time
 scaling plot, every arm's policy runs ``--scaling-episodes`` episodes alone while its own recovery
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -76,6 +83,7 @@ ARMS = ("rac", "dagger", "demos", "rac_third")
 CONTROLS = ("control", "demos_pooled")  # run only when asked for (--arms); reported when every seed has them
 ROUND_ARMS = ("rac", "dagger", "rac_third")
 ALL_ARMS = (*ARMS, *CONTROLS)
+DRAW_SEEDS = 100_000  # a training draw's seeds are its draw 0's plus draw x this (far from every seed range above)
 
 
 def make_env(num_envs: int, seed: int) -> Any:
@@ -107,14 +115,22 @@ def pretrain(seed: int, args: argparse.Namespace, work: Path) -> tuple[Any, Path
     return load_policy(run_dir / "sft_policy"), demos[0]
 
 
-def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: Path, work: Path) -> dict[str, Any]:
-    """Spend the arm's operator budget and fine-tune ``policy`` in place; returns the arm's counts."""
+def draw_name(arm: str, draw: int) -> str:
+    """The arm's files and folder for a training draw: ``rac``, ``rac-d1``, ``rac-d2``..."""
+    return arm if draw == 0 else f"{arm}-d{draw}"
+
+
+def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: Path, work: Path,
+             draw: int = 0) -> dict[str, Any]:
+    """Spend the arm's operator budget and fine-tune ``policy`` in place; returns the arm's counts. ``draw`` > 0
+    moves every collection seed (operator rounds, extra demos) to a range of its own."""
     t0 = time.perf_counter()
-    arm_dir = work / "arms" / arm  # apart from the pre-training's demo cache (work/demos)
+    shift = DRAW_SEEDS * draw
+    arm_dir = work / "arms" / draw_name(arm, draw)  # apart from the pre-training's demo cache (work/demos)
     if arm_dir.exists():  # left by a run of this arm that did not finish (its result file is missing): the
         print(f"removing {arm_dir}, an unfinished run's", flush=True)  # learner would reload its stale rounds
         shutil.rmtree(arm_dir)
-    env = make_env(args.envs, seed * 1000 + 500)
+    env = make_env(args.envs, seed * 1000 + 500 + shift)
     rounds = args.rounds if arm in ROUND_ARMS else 1
     budget = math.ceil(args.budget / 3) if arm == "rac_third" else args.budget
     steps = args.finetune_steps // rounds
@@ -129,7 +145,8 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
     operator_steps: dict[str, int] = {"recovery": 0, "correction": 0}
     if arm in ("demos", "demos_pooled"):  # whole expert episodes, the last one cut at the budget: the budget's steps
         extra = arm_dir / "extra-demos"
-        got = collect_demos(env, extra, args.budget, "local/rac-bench-extra", seed=seed + 77, max_frames=args.budget)
+        got = collect_demos(env, extra, args.budget, "local/rac-bench-extra", seed=seed + 77 + shift,
+                            max_frames=args.budget)
         operator_steps["correction"] = got["frames"]
         data = load_chunks(extra, policy_inputs(policy), policy.chunk_size)
         if arm == "demos_pooled":  # the new episodes pooled with the pre-training's: every frame drawn alike
@@ -140,7 +157,7 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
     learner = RaCLearner(cfg, policy)
     engine = RolloutEngine(env, policy, 0)
     for it in range(rounds):
-        batches = learner.collect(IterationInputs(iteration=it, seed_base=seed * 1000 + 100 * it, reset=True,
+        batches = learner.collect(IterationInputs(iteration=it, seed_base=seed * 1000 + 100 * it + shift, reset=True,
                                                   engine=engine if arm in ROUND_ARMS else None, data=data))
         learner.update(batches)
     env.close()
@@ -204,22 +221,50 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         out["base"] = kept
         print(f"seed {seed}: pre-trained success {kept['success']:.3f}", flush=True)
     for arm in ALL_ARMS:
-        if done[arm].exists():
-            out[arm] = json.loads(done[arm].read_text())
-            continue
-        if arm not in args.arms:
-            continue
-        policy = copy.deepcopy(base)
-        policy.train()
-        torch.manual_seed(seed * 10 + ALL_ARMS.index(arm))
-        row = finetune(policy, arm, args, seed, demos, work)
-        row.update(evaluate(policy, args, seed))
-        row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
-        out[arm] = row
-        write_json(done[arm], row, indent=2)
-        print(f"seed {seed} {arm}: operator steps {row['operator_steps']}, success {row['success']:.3f} "
-              f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]", flush=True)
+        rows = []
+        for draw in itertools.count():  # every draw kept, then (for an arm asked for) the missing ones up to --draws
+            path = work / f"{draw_name(arm, draw)}.json"
+            if path.exists():
+                rows.append(json.loads(path.read_text()))
+                continue
+            if arm not in args.arms or draw >= args.draws:
+                break
+            policy = copy.deepcopy(base)
+            policy.train()
+            torch.manual_seed(seed * 10 + ALL_ARMS.index(arm) + DRAW_SEEDS * draw)
+            row = finetune(policy, arm, args, seed, demos, work, draw)
+            row.update(evaluate(policy, args, seed))
+            row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
+            rows.append(row)
+            write_json(path, row, indent=2)
+            print(f"seed {seed} {draw_name(arm, draw)}: operator steps {row['operator_steps']}, success "
+                  f"{row['success']:.3f} [{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]", flush=True)
+        if rows:
+            out[arm] = combine(rows)
     return out
+
+
+def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """An arm's training draws as one row: success pooled over every draw's episodes (the interval counts
+    episodes, not the spread between draws, which ``draws`` keeps), operator steps averaged, wall times summed."""
+    if len(rows) == 1:
+        return rows[0]
+    n = sum(r["episodes"] for r in rows)
+    k = sum(round(r["success"] * r["episodes"]) for r in rows)
+    lo, hi = wilson_interval(k, n)
+    out: dict[str, Any] = {"episodes": n, "success": k / n, "ci": [lo, hi]}
+    for key in ("operator_steps", "recovery_steps", "correction_steps", "takeover_episodes"):
+        out[key] = round(sum(r[key] for r in rows) / len(rows))
+    for key in ("finetune_wall_s", "eval_wall_s", "wall_s"):
+        out[key] = sum(r[key] for r in rows)
+    if any("recoveries" in r for r in rows):
+        out["recoveries"] = [x for r in rows for x in r.get("recoveries", [])]
+    out["draws"] = [{key: r[key] for key in ("success", "ci", "operator_steps")} for r in rows]
+    return out
+
+
+def n_draws(row: dict[str, Any]) -> int:
+    return len(row.get("draws", [row]))
 
 
 def pooled(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
@@ -267,6 +312,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def report(summary: dict[str, Any]) -> str:
     a = summary["args"]
+    most = max(n_draws(r[arm]) for r in summary["seeds"] for arm in summary["pooled"])
     lines = [
         f"`python benchmarks/rac.py {summary['command']}` ({summary['wall_s'] / 60:.1f} min of fine-tuning and evaluation "
         f"summed over the arms, which may run in several processes (`--arms`); {summary['conditions']}).",
@@ -277,7 +323,10 @@ def report(summary: dict[str, Any]) -> str:
         + (f", weights averaged with EMA decay {a['ema']}" if a.get("ema") else "") + "); RaC and DAgger in "
         f"{a['rounds']} rounds; `rac_third`: RaC on a third of the budget; the demos arm's last episode is cut at the "
         f"budget. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
-        f"{a['operator_noise']}, corrections from `{a.get('correct_from', 'approach')}`. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals.",
+        f"{a['operator_noise']}, corrections from `{a.get('correct_from', 'approach')}`. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals."
+        + (f" Arms with several training draws (own collection and training seeds; up to {most} here) pool the "
+           "draws' episodes, the same held-out episodes for each; their interval counts episodes, not the spread "
+           "between draws (listed in the row)." if most > 1 else ""),
         "",
         "| arm | seed | operator steps (recovery / correction) | success [95% CI] | wall s |",
         "|---|---|---|---|---|",
@@ -288,8 +337,9 @@ def report(summary: dict[str, Any]) -> str:
                      f"| {b['eval_wall_s']:.0f} |")
         for arm in (a for a in summary["pooled"] if a != "base"):
             x = r[arm]
+            each = " (draws: " + " / ".join(f"{d['success']:.3f}" for d in x["draws"]) + ")" if "draws" in x else ""
             lines.append(f"| {arm} | {r['seed']} | {x['operator_steps']} ({x['recovery_steps']} / "
-                         f"{x['correction_steps']}) | {x['success']:.3f} [{x['ci'][0]:.3f}, {x['ci'][1]:.3f}] | "
+                         f"{x['correction_steps']}) | {x['success']:.3f} [{x['ci'][0]:.3f}, {x['ci'][1]:.3f}]{each} | "
                          f"{x['wall_s']:.0f} |")
     lines += ["", "Pooled over seeds:", "", "| arm | success [95% CI] | episodes |", "|---|---|---|"]
     for arm, p in summary["pooled"].items():
@@ -334,7 +384,8 @@ def controls(pool: dict[str, Any]) -> str:
                 f"{pool['rac']['success'] - pool['control']['success']:+.3f} over it.")
     if "demos_pooled" in pool:
         p = pool["demos_pooled"]["success"]
-        out += (f" The new demos pooled with the pre-training's (every frame drawn alike): {p:.3f}; RaC on a third "
+        out += (f" The new demos pooled with the pre-training's (every frame drawn alike): {p:.3f}; RaC "
+                f"{pool['rac']['success'] - p:+.3f} over it at equal operator steps, RaC on a third "
                 f"{'at least as high' if pool['rac_third']['success'] >= p else 'lower'}.")
     return out
 
@@ -353,6 +404,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ema", type=float, default=0.0, help="decay of the fine-tuning's weight average (algo.ema; 0: "
                     "none): each round's collection and the evaluation use the averaged weights")
+    ap.add_argument("--draws", type=int, default=1, help="training draws per arm (own collection and training "
+                    "seeds each), success pooled over them; draw 0 is a single-draw run's")
     ap.add_argument("--envs", type=int, default=8)
     ap.add_argument("--reaction-delay", type=int, default=2)
     ap.add_argument("--operator-noise", type=float, default=0.05)
@@ -372,7 +425,7 @@ def main() -> None:
     for seed in args.seeds:
         done = root / f"s{seed}" / "result.json"  # a finished seed is kept: a second run reuses it
         kept = json.loads(done.read_text()) if done.exists() else {}
-        if kept and all(arm in kept for arm in args.arms):
+        if kept and all(arm in kept and (arm == "base" or n_draws(kept[arm]) >= args.draws) for arm in args.arms):
             print(f"seed {seed}: reusing {done}", flush=True)
             results.append(kept)
         else:
