@@ -83,6 +83,8 @@ ARMS = ("rac", "dagger", "demos", "rac_third")
 CONTROLS = ("control", "demos_pooled")  # run only when asked for (--arms); reported when every seed has them
 ROUND_ARMS = ("rac", "dagger", "rac_third")
 ALL_ARMS = (*ARMS, *CONTROLS)
+ARM_SETTINGS = ("budget", "rounds", "finetune_steps", "batch", "lr", "warmup", "ema", "envs", "reaction_delay",
+                "operator_noise", "correct_from", "eval_episodes")  # what an arm's result depends on
 DRAW_SEEDS = 100_000  # a training draw's seeds are its draw 0's plus draw x this (far from every seed range above)
 
 
@@ -136,6 +138,7 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
     steps = args.finetune_steps // rounds
     cfg = RaCLearnerConfig(
         steps=args.finetune_steps, steps_per_iter=steps, batch_size=args.batch, lr=args.lr, ema=args.ema,
+        warmup_steps=args.warmup,
         demos=str(demos), demo_ratio=0.5, episodes_per_round=100_000 if arm in ROUND_ARMS else 0, iters_per_round=1,
         round_operator_steps=math.ceil(budget / rounds), rounds_dir=str(arm_dir / "rounds"),
         operator=OperatorConfig(recover=arm.startswith("rac"), reaction_delay=args.reaction_delay,
@@ -210,9 +213,9 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     base.eval()
     out: dict[str, Any] = {"seed": seed, "demo_frames": spec.frames, "pretrain_wall_s": time.perf_counter() - t0}
     done = {arm: work / f"{arm}.json" for arm in ("base", *ALL_ARMS)}
-    kept = json.loads(done["base"].read_text()) if done["base"].exists() else None
+    kept = kept_row(done["base"], args) if done["base"].exists() else None
     if "base" in args.arms and kept is None:
-        kept = evaluate(base, args, seed)
+        kept = {**evaluate(base, args, seed), "settings": settings(args)}
         write_json(done["base"], kept, indent=2)
     elif "base" in args.arms and args.scaling_episodes and "recoveries" not in kept:
         kept["recoveries"] = recoveries(base, args, seed)  # evaluated without the scaling episodes: add only those
@@ -225,7 +228,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for draw in itertools.count():  # every draw kept, then (for an arm asked for) the missing ones up to --draws
             path = work / f"{draw_name(arm, draw)}.json"
             if path.exists():
-                rows.append(json.loads(path.read_text()))
+                rows.append(kept_row(path, args))
                 continue
             if arm not in args.arms or draw >= args.draws:
                 break
@@ -235,6 +238,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             row = finetune(policy, arm, args, seed, demos, work, draw)
             row.update(evaluate(policy, args, seed))
             row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
+            row["settings"] = settings(args)
             rows.append(row)
             write_json(path, row, indent=2)
             print(f"seed {seed} {draw_name(arm, draw)}: operator steps {row['operator_steps']}, success "
@@ -242,6 +246,23 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if rows:
             out[arm] = combine(rows)
     return out
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in ARM_SETTINGS}
+
+
+def kept_row(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """A finished arm's (or the base's) result, refused when it was made with other settings than asked for (a
+    rerun with ``--lr 3e-4`` in the same ``--work`` would otherwise report the old rate's arms). Results written
+    before settings were recorded are taken as they are."""
+    row = json.loads(path.read_text())
+    made = row.get("settings", {})
+    keys = ARM_SETTINGS if "operator_steps" in row else ("envs", "eval_episodes")  # the base: its evaluation's
+    differ = [f"{k} {made[k]} (asked: {getattr(args, k)})" for k in keys if k in made and made[k] != getattr(args, k)]
+    if differ:
+        raise SystemExit(f"{path}: made with " + ", ".join(differ) + "; pass those or another --work")
+    return row
 
 
 def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -260,6 +281,8 @@ def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if any("recoveries" in r for r in rows):
         out["recoveries"] = [x for r in rows for x in r.get("recoveries", [])]
     out["draws"] = [{key: r[key] for key in ("success", "ci", "operator_steps")} for r in rows]
+    if "settings" in rows[0]:
+        out["settings"] = rows[0]["settings"]
     return out
 
 
@@ -319,7 +342,8 @@ def report(summary: dict[str, Any]) -> str:
         "",
         f"Task `{ENV_ID}` (front and wrist cameras + proprioception), the quickstart's compact flow policy pre-trained "
         f"on {a['demos']} noisy expert demos for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
-        f"{a['finetune_steps']} gradient steps (batch {a['batch']}, demos mixed 1:1"
+        f"{a['finetune_steps']} gradient steps (batch {a['batch']}, lr {a['lr']:g}"
+        + (f" after a {a['warmup']}-step warm-up" if a.get("warmup") else "") + ", demos mixed 1:1"
         + (f", weights averaged with EMA decay {a['ema']}" if a.get("ema") else "") + "); RaC and DAgger in "
         f"{a['rounds']} rounds; `rac_third`: RaC on a third of the budget; the demos arm's last episode is cut at the "
         f"budget. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
@@ -402,6 +426,8 @@ def main() -> None:
     ap.add_argument("--finetune-steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=0, help="linear learning-rate warm-up of the fine-tuning, in "
+                    "gradient steps (algo.warmup_steps; 0: none)")
     ap.add_argument("--ema", type=float, default=0.0, help="decay of the fine-tuning's weight average (algo.ema; 0: "
                     "none): each round's collection and the evaluation use the averaged weights")
     ap.add_argument("--draws", type=int, default=1, help="training draws per arm (own collection and training "
@@ -423,19 +449,15 @@ def main() -> None:
     results = []
     root = Path(args.work) if args.work else ROOT / "runs" / f"bench-rac-{time.strftime('%Y%m%d-%H%M%S')}"
     for seed in args.seeds:
-        done = root / f"s{seed}" / "result.json"  # a finished seed is kept: a second run reuses it
-        kept = json.loads(done.read_text()) if done.exists() else {}
-        if kept and all(arm in kept and (arm == "base" or n_draws(kept[arm]) >= args.draws) for arm in args.arms):
-            print(f"seed {seed}: reusing {done}", flush=True)
-            results.append(kept)
-        else:
-            result = run_seed(seed, args, root / f"s{seed}")
-            if not all(arm in result for arm in ("base", *ARMS)):
-                print(f"seed {seed}: arms done so far {[a for a in ('base', *ARMS) if a in result]}; the others run "
-                      "in another process (--arms) or on a second call", flush=True)
-                continue
-            results.append(result)
-            write_json(done, result, indent=2)
+        # every finished arm and draw is kept in its own file, read again here (another process may have added
+        # some since): a second run reruns nothing that is done
+        result = run_seed(seed, args, root / f"s{seed}")
+        if not all(arm in result for arm in ("base", *ARMS)):
+            print(f"seed {seed}: arms done so far {[a for a in ('base', *ARMS) if a in result]}; the others run "
+                  "in another process (--arms) or on a second call", flush=True)
+            continue
+        results.append(result)
+        write_json(root / f"s{seed}" / "result.json", result, indent=2)  # the seed's summary
         publish(results, args, time.perf_counter() - t0)  # what is done so far survives a kill
 
 

@@ -17,6 +17,7 @@ padded with the last action and masked past the episode's end.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -50,6 +51,10 @@ class SFTConfig:
     """Frames per step."""
     lr: float = 1e-3
     """AdamW learning rate (cosine-decayed to 10%)."""
+    warmup_steps: int = 0
+    """Raise the learning rate linearly from ``lr / warmup_steps`` to ``lr`` over the first this many steps, then
+    decay it along the cosine over the rest; 0: no warm-up (the cosine from the first step). For fine-tuning a
+    trained policy: a fresh AdamW's first steps move every weight by about ``lr`` whatever the gradient's size."""
     weight_decay: float = 1e-4
     """AdamW weight decay."""
     episodes: int = 0
@@ -76,6 +81,8 @@ class SFTConfig:
         f = self.flags
         if not 0.0 <= self.ema < 1.0:
             raise ValueError(f"{f}ema must lie in [0, 1) (0: no moving average), got {self.ema}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"{f}warmup_steps must be >= 0 (0: no warm-up), got {self.warmup_steps}")
         if not 0.0 <= self.stop_at_success <= 1.0:
             raise ValueError(f"{f}stop_at_success={self.stop_at_success} must lie in [0, 1]")
         if self.check_every < 1 or self.check_episodes < 1 or self.check_from < 1:
@@ -86,11 +93,21 @@ DemoChunks = ChunkDataset
 """The former name of :class:`~vla_rl.data.ChunkDataset` (kept for callers that build demo rows by hand)."""
 
 
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """The learning rate at ``step`` as a fraction of ``lr``: ``(step + 1) / warmup`` during the warm-up, then a
+    cosine from 1 to 0.1 over the remaining ``total - warmup`` steps (held at 0.1 after ``total``)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    s, n = step - warmup, max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, n) / n))
+
+
 class SFTUpdater:
     """One supervised step at a time on ``policy`` (its ``sft_loss``), with the optimizer state it carries.
 
-    AdamW over the trainable parameters (``cfg.lr``, ``cfg.weight_decay``), the learning rate cosine-decayed
-    from ``cfg.lr`` to 10% of it over ``total_steps``, gradient-norm clipping at ``cfg.grad_clip``, random-shift
+    AdamW over the trainable parameters (``cfg.lr``, ``cfg.weight_decay``), the learning rate (after a linear
+    warm-up of ``cfg.warmup_steps``) cosine-decayed from ``cfg.lr`` to 10% of it over the rest of ``total_steps``,
+    gradient-norm clipping at ``cfg.grad_clip``, random-shift
     augmentation of every camera image by up to ``cfg.image_shift`` pixels (offsets drawn from ``generator``),
     and with ``cfg.ema > 0`` an exponential moving average of the weights that :meth:`use_ema_weights` copies
     into the policy.
@@ -114,9 +131,8 @@ class SFTUpdater:
         self.total_steps = cfg.steps if total_steps is None else total_steps
         self.params = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        n = max(1, self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / n)))
+            self.optimizer, functools.partial(lr_factor, warmup=cfg.warmup_steps, total=self.total_steps))
         self.ema = torch.optim.swa_utils.AveragedModel(
             policy, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema), use_buffers=False,
         ) if cfg.ema else None

@@ -244,3 +244,28 @@ def test_the_sft_learners_schedule_spans_the_run_unless_given():
     learner = SFTLearner(SFTLearnerConfig(), torch.nn.Linear(1, 1))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="for_run"):
         learner._start(None)
+
+
+def test_the_learning_rate_warms_up_linearly_then_follows_the_cosine():
+    """``warmup_steps``: lr / w, 2 lr / w, ... lr over the first w steps, then the cosine from lr to 10% over the
+    rest, held at 10% past the schedule's end; 0 is the cosine from the first step, as before the option."""
+    import math
+
+    from vla_rl.algorithms.rac import RaCLearnerConfig
+    from vla_rl.sft import SFTConfig, SFTUpdater, lr_factor
+
+    assert [lr_factor(s, 4, 14) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(4, 4, 14) == 1.0 and lr_factor(9, 4, 14) == pytest.approx(0.55)
+    assert lr_factor(14, 4, 14) == pytest.approx(0.1) and lr_factor(30, 4, 14) == pytest.approx(0.1)
+    for s in range(11):  # no warm-up: the schedule every run had before
+        assert lr_factor(s, 0, 10) == 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 10))
+    updater = SFTUpdater(torch.nn.Linear(3, 2), SFTConfig(steps=14, lr=1e-3, warmup_steps=4))  # type: ignore[arg-type]
+    lrs = []
+    for _ in range(6):  # the rates the updater's steps take (each step ends with scheduler.step())
+        lrs.append(updater.optimizer.param_groups[0]["lr"])
+        updater.optimizer.step()
+        updater.scheduler.step()
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3 * lr_factor(5, 4, 14)])
+    for bad in (SFTConfig, RaCLearnerConfig):
+        with pytest.raises(ValueError, match="warmup_steps"):
+            bad(warmup_steps=-1)
