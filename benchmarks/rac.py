@@ -203,8 +203,8 @@ def recoveries(policy: Any, args: argparse.Namespace, seed: int) -> list[tuple[i
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The seed's pre-trained policy and the arms of ``--arms`` (with its evaluation, ``base``), each kept in
-    ``work/<arm>.json`` once done, so arms of one seed can run in separate processes and a killed run resumes.
-    Returns every arm found done."""
+    ``work/<arm>.json`` (a later draw in ``work/<arm>-d<k>.json``) once done, so arms of one seed can run in
+    separate processes and a killed run resumes. Returns every arm found done, its draws combined."""
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     base, demos = pretrain(seed, args, work)
@@ -212,14 +212,14 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     check_inputs(spec, policy_inputs(base))
     base.eval()
     out: dict[str, Any] = {"seed": seed, "demo_frames": spec.frames, "pretrain_wall_s": time.perf_counter() - t0}
-    done = {arm: work / f"{arm}.json" for arm in ("base", *ALL_ARMS)}
-    kept = kept_row(done["base"], args) if done["base"].exists() else None
+    base_file = work / "base.json"
+    kept = kept_row(base_file, args) if base_file.exists() else None
     if "base" in args.arms and kept is None:
         kept = {**evaluate(base, args, seed), "settings": settings(args)}
-        write_json(done["base"], kept, indent=2)
+        write_json(base_file, kept, indent=2)
     elif "base" in args.arms and args.scaling_episodes and "recoveries" not in kept:
         kept["recoveries"] = recoveries(base, args, seed)  # evaluated without the scaling episodes: add only those
-        write_json(done["base"], kept, indent=2)
+        write_json(base_file, kept, indent=2)
     if kept is not None:
         out["base"] = kept
         print(f"seed {seed}: pre-trained success {kept['success']:.3f}", flush=True)
@@ -270,10 +270,7 @@ def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
     episodes, not the spread between draws, which ``draws`` keeps), operator steps averaged, wall times summed."""
     if len(rows) == 1:
         return rows[0]
-    n = sum(r["episodes"] for r in rows)
-    k = sum(round(r["success"] * r["episodes"]) for r in rows)
-    lo, hi = wilson_interval(k, n)
-    out: dict[str, Any] = {"episodes": n, "success": k / n, "ci": [lo, hi]}
+    out = pooled_success(rows)
     for key in ("operator_steps", "recovery_steps", "correction_steps", "takeover_episodes"):
         out[key] = round(sum(r[key] for r in rows) / len(rows))
     for key in ("finetune_wall_s", "eval_wall_s", "wall_s"):
@@ -290,11 +287,16 @@ def n_draws(row: dict[str, Any]) -> int:
     return len(row.get("draws", [row]))
 
 
-def pooled(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
-    n = sum(r[arm]["episodes"] for r in results)
-    k = sum(round(r[arm]["success"] * r[arm]["episodes"]) for r in results)
+def pooled_success(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Success over all of ``rows``' evaluation episodes (each row: ``success``, ``episodes``), Wilson interval."""
+    n = sum(r["episodes"] for r in rows)
+    k = sum(round(r["success"] * r["episodes"]) for r in rows)
     lo, hi = wilson_interval(k, n)
-    return {"success": k / max(1, n), "ci": [lo, hi], "episodes": n,
+    return {"success": k / max(1, n), "ci": [lo, hi], "episodes": n}
+
+
+def pooled(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    return {**pooled_success([r[arm] for r in results]),
             "operator_steps": [r[arm].get("operator_steps", 0) for r in results]}
 
 
