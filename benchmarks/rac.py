@@ -295,8 +295,20 @@ def pooled_success(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"success": k / max(1, n), "ci": [lo, hi], "episodes": n}
 
 
+def seed_pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Success over seeds (each row: one seed's ``success`` over its ``episodes``, all its draws), every seed weighing
+    the same whatever its number of draws: a seed with two draws would otherwise count twice. The Wilson interval is
+    taken at the effective sample size of an equal-weight mean, ``S^2 / sum(1 / n_s)`` (the episodes' total when
+    every seed has as many)."""
+    n = [r["episodes"] for r in rows]
+    success = sum(r["success"] for r in rows) / len(rows)
+    n_eff = len(rows) ** 2 / sum(1 / x for x in n)
+    lo, hi = wilson_interval(success * n_eff, n_eff)
+    return {"success": success, "ci": [lo, hi], "episodes": sum(n), "effective_episodes": round(n_eff)}
+
+
 def pooled(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
-    return {**pooled_success([r[arm] for r in results]),
+    return {**seed_pooled([r[arm] for r in results]),
             "operator_steps": [r[arm].get("operator_steps", 0) for r in results]}
 
 
@@ -367,9 +379,13 @@ def report(summary: dict[str, Any]) -> str:
             lines.append(f"| {arm} | {r['seed']} | {x['operator_steps']} ({x['recovery_steps']} / "
                          f"{x['correction_steps']}) | {x['success']:.3f} [{x['ci'][0]:.3f}, {x['ci'][1]:.3f}]{each} | "
                          f"{x['wall_s']:.0f} |")
-    lines += ["", "Pooled over seeds:", "", "| arm | success [95% CI] | episodes |", "|---|---|---|"]
+    lines += ["", "Pooled over seeds, each seed weighing the same (its draws pooled first; where seeds have unequal "
+              "draws the interval is at the effective number of episodes, in brackets):", "",
+              "| arm | success [95% CI] | episodes |", "|---|---|---|"]
     for arm, p in summary["pooled"].items():
-        lines.append(f"| {arm} | {p['success']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] | {p['episodes']} |")
+        eff = p.get("effective_episodes", p["episodes"])
+        lines.append(f"| {arm} | {p['success']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] | {p['episodes']}"
+                     + (f" ({eff})" if eff != p["episodes"] else "") + " |")
     lines += ["", "Test-time scaling (success by the number of recovery manoeuvres the policy itself makes per "
               "episode, its own episodes without an operator; `k: successes/episodes`):", ""]
     for arm, table in summary["scaling"].items():

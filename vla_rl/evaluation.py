@@ -37,7 +37,7 @@ from sim.video import VideoWriter
 ActionFn = Callable[[Obs], torch.Tensor]  # obs -> action chunk [B, H, A]
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+def wilson_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
     """95% (z = 1.96) Wilson score interval of a success rate; ``(0, 1)`` when ``n == 0``."""
     if n == 0:
         return 0.0, 1.0

@@ -1,0 +1,33 @@
+"""``benchmarks/rac.py`` pools seeds with equal weight, whatever each seed's number of training draws."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from vla_rl.evaluation import wilson_interval
+
+_spec = importlib.util.spec_from_file_location("rac_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "rac.py")
+rac = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rac)
+
+
+def test_a_seed_with_two_draws_does_not_count_twice():
+    two_draws = rac.combine([{"success": 0.6, "episodes": 400, "ci": [0, 1], "operator_steps": 3600,
+                              "recovery_steps": 0, "correction_steps": 3600, "takeover_episodes": 9,
+                              "finetune_wall_s": 1.0, "eval_wall_s": 1.0, "wall_s": 2.0}] * 2)
+    one_draw = {"success": 0.3, "episodes": 400}
+    assert two_draws["episodes"] == 800
+    pool = rac.seed_pooled([two_draws, one_draw])
+    assert pool["success"] == pytest.approx(0.45)  # pooling episodes would give (480 + 120) / 1200 = 0.5
+    assert pool["episodes"] == 1200 and pool["effective_episodes"] == round(4 / (1 / 800 + 1 / 400))
+    width = pool["ci"][1] - pool["ci"][0]
+    at = {n: wilson_interval(0.45 * n, n) for n in (800, 1200)}
+    assert at[1200][1] - at[1200][0] < width < at[800][1] - at[800][0]
+
+
+def test_equal_draws_pool_as_the_episodes_do():
+    rows = [{"success": 0.25, "episodes": 400}, {"success": 0.5, "episodes": 400}, {"success": 0.4, "episodes": 400}]
+    pool = rac.seed_pooled(rows)
+    assert pool["success"] == pytest.approx(460 / 1200)
+    assert pool["ci"] == pytest.approx(list(wilson_interval(460, 1200)))
