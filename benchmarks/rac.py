@@ -35,9 +35,12 @@ Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` 
 (deterministic, seeds disjoint from everything else), with 95% Wilson intervals; and, for the test-time
 scaling plot, every arm's policy runs ``--scaling-episodes`` episodes alone while its own recovery
 manoeuvres are counted (:func:`vla_rl.intervention.operator.count_recoveries`): success against the number of
-recoveries per episode. Results: ``benchmarks/results/rac.json`` (per seed and arm: operator steps, success
-with interval, wall seconds) and the plot beside it, named after it (``benchmarks/results/rac_scaling.png``);
-``--write`` replaces the section ``## RaC`` of a markdown file.
+recoveries per episode. A seed is published once the arms of one of the issue's tests are done (``rac``,
+``dagger`` and ``demos``; or ``rac_third`` and ``demos``), with the arms every published seed has: a check on
+more seeds can run only the arms of one test. Seeds are pooled with equal weight. Results:
+``benchmarks/results/rac.json`` (per seed and arm: operator steps, success with interval, wall seconds) and the
+plot beside it, named after it (``benchmarks/results/rac_scaling.png``); ``--write`` replaces the section
+``## RaC`` of a markdown file.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ ARMS = ("rac", "dagger", "demos", "rac_third")
 CONTROLS = ("control", "demos_pooled")  # run only when asked for (--arms); reported when every seed has them
 ROUND_ARMS = ("rac", "dagger", "rac_third")
 ALL_ARMS = (*ARMS, *CONTROLS)
+# the issue's two tests and the arms each needs: a seed is published once the arms of one of them are done
+TESTS = {"equal": ("rac", "demos", "dagger"), "third": ("rac_third", "demos")}
 ARM_SETTINGS = ("budget", "rounds", "finetune_steps", "batch", "lr", "warmup", "ema", "envs", "reaction_delay",
                 "operator_noise", "correct_from", "eval_episodes")  # what an arm's result depends on
 DRAW_SEEDS = 100_000  # a training draw's seeds are its draw 0's plus draw x this (far from every seed range above)
@@ -330,7 +335,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for arm in ("base", *ARMS):
+    for arm in ("base", *(a for a in ARMS if all(a in r for r in results))):
         table = scaling(results, arm)
         if not table:
             continue
@@ -397,38 +402,47 @@ def report(summary: dict[str, Any]) -> str:
 
 
 def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    """The issue's two tests on the pooled success: RaC above both other arms at equal operator steps, or RaC on a
-    third of the budget at least as high as the demos arm on all of it; and on how many seeds each holds."""
-    rac, dem, dag, third = (pool[a]["success"] for a in ("rac", "demos", "dagger", "rac_third"))
-    steps = {arm: sum(pool[arm]["operator_steps"]) for arm in ARMS}
-    better = rac > dem and rac > dag
-    sep = pool["rac"]["ci"][0] > max(pool["demos"]["ci"][1], pool["dagger"]["ci"][1])
-    overlap = pool["rac_third"]["ci"][1] >= pool["demos"]["ci"][0] and pool["demos"]["ci"][1] >= pool["rac_third"]["ci"][0]
-    sr = [{arm: r[arm]["success"] for arm in ARMS} for r in results]
-    highest = sum(x["rac"] > max(x["demos"], x["dagger"]) for x in sr)
-    third_ok = sum(x["rac_third"] >= x["demos"] for x in sr)
-    return (f"Verdict: RaC {rac:.3f} ({steps['rac']} operator steps) vs demos {dem:.3f} ({steps['demos']}) vs "
-            f"DAgger-style {dag:.3f} ({steps['dagger']}): "
-            + ("RaC highest" + (" with non-overlapping intervals." if sep else ", but the intervals overlap.")
-               if better else "RaC is not the highest in this run.")
-            + f" RaC on a third of the budget: {third:.3f} ({steps['rac_third']} operator steps) against the demos "
-            + f"arm's {dem:.3f}: " + ("as high or higher." if third >= dem else
-                                      "lower" + (", the intervals overlapping." if overlap else "."))
-            + f" Per seed: RaC highest on {highest} of {len(results)}, RaC on a third at least the demos arm on "
-            + f"{third_ok} of {len(results)}." + controls(pool))
+    """The issue's two tests on the pooled success, each where its arms were run on every seed: RaC above both
+    other arms at equal operator steps, or RaC on a third of the budget at least as high as the demos arm on all
+    of it; and on how many seeds each holds."""
+    steps = {arm: sum(pool[arm]["operator_steps"]) for arm in pool if arm != "base"}
+    sr = [{arm: r[arm]["success"] for arm in pool} for r in results]
+    parts = []
+    if all(arm in pool for arm in TESTS["equal"]):
+        rac, dem, dag = (pool[a]["success"] for a in TESTS["equal"])
+        sep = pool["rac"]["ci"][0] > max(pool["demos"]["ci"][1], pool["dagger"]["ci"][1])
+        highest = sum(x["rac"] > max(x["demos"], x["dagger"]) for x in sr)
+        parts.append(f"RaC {rac:.3f} ({steps['rac']} operator steps) vs demos {dem:.3f} ({steps['demos']}) vs "
+                     f"DAgger-style {dag:.3f} ({steps['dagger']}): "
+                     + ("RaC highest" + (" with non-overlapping intervals." if sep else ", but the intervals overlap.")
+                        if rac > dem and rac > dag else "RaC is not the highest in this run.")
+                     + f" Per seed: RaC highest on {highest} of {len(results)}.")
+    if all(arm in pool for arm in TESTS["third"]):
+        third, dem = (pool[a]["success"] for a in TESTS["third"])
+        overlap = pool["rac_third"]["ci"][1] >= pool["demos"]["ci"][0] and pool["demos"]["ci"][1] >= pool["rac_third"]["ci"][0]
+        third_ok = sum(x["rac_third"] >= x["demos"] for x in sr)
+        parts.append(f"RaC on a third of the budget: {third:.3f} ({steps['rac_third']} operator steps) against the "
+                     f"demos arm's {dem:.3f} ({steps['demos']}): "
+                     + ("as high or higher." if third >= dem else
+                        "lower" + (", the intervals overlapping." if overlap else "."))
+                     + f" Per seed: RaC on a third at least the demos arm on {third_ok} of {len(results)}.")
+    return "Verdict: " + " ".join(parts) + controls(pool)
 
 
 def controls(pool: dict[str, Any]) -> str:
     """What the control arms (when run on every seed) say beside the verdict."""
     out = ""
-    if "control" in pool:
+    if "control" in pool and "rac" in pool:
         out += (f" Control (the same gradient steps, no operator data): {pool['control']['success']:.3f}; RaC "
                 f"{pool['rac']['success'] - pool['control']['success']:+.3f} over it.")
     if "demos_pooled" in pool:
         p = pool["demos_pooled"]["success"]
-        out += (f" The new demos pooled with the pre-training's (every frame drawn alike): {p:.3f}; RaC "
-                f"{pool['rac']['success'] - p:+.3f} over it at equal operator steps, RaC on a third "
-                f"{'at least as high' if pool['rac_third']['success'] >= p else 'lower'}.")
+        out += f" The new demos pooled with the pre-training's (every frame drawn alike): {p:.3f}"
+        if "rac" in pool:
+            out += f"; RaC {pool['rac']['success'] - p:+.3f} over it at equal operator steps"
+        if "rac_third" in pool:
+            out += f"; RaC on a third {'at least as high' if pool['rac_third']['success'] >= p else 'lower'}"
+        out += "."
     return out
 
 
@@ -471,7 +485,7 @@ def main() -> None:
         # every finished arm and draw is kept in its own file, read again here (another process may have added
         # some since): a second run reruns nothing that is done
         result = run_seed(seed, args, root / f"s{seed}")
-        if not all(arm in result for arm in ("base", *ARMS)):
+        if "base" not in result or not any(all(arm in result for arm in test) for test in TESTS.values()):
             print(f"seed {seed}: arms done so far {[a for a in ('base', *ARMS) if a in result]}; the others run "
                   "in another process (--arms) or on a second call", flush=True)
             continue
@@ -482,7 +496,7 @@ def main() -> None:
 
 def publish(results: list[dict[str, Any]], args: argparse.Namespace, wall: float) -> None:
     """Write ``--out``, the scaling plot beside it and (with ``--write``) the markdown section."""
-    arms = ("base", *ARMS, *(a for a in CONTROLS if all(a in r for r in results)))
+    arms = ("base", *(a for a in ALL_ARMS if all(a in r for r in results)))  # those every seed has
     pool = {arm: pooled(results, arm) for arm in arms}
     summary = {
         "command": " ".join(sys.argv[1:]), "args": vars(args), "seeds": results, "pooled": pool,

@@ -31,3 +31,15 @@ def test_equal_draws_pool_as_the_episodes_do():
     pool = rac.seed_pooled(rows)
     assert pool["success"] == pytest.approx(460 / 1200)
     assert pool["ci"] == pytest.approx(list(wilson_interval(460, 1200)))
+
+
+def test_verdict_on_the_arms_of_one_test():
+    """Seeds run with only ``rac_third`` and ``demos`` (a check on more seeds) get that test's verdict alone."""
+    results = [{"seed": s, "base": {"success": 0.2, "episodes": 400},
+                "rac_third": {"success": 0.3 + s / 10, "episodes": 400, "operator_steps": 1200},
+                "demos": {"success": 0.35, "episodes": 400, "operator_steps": 3600}} for s in (0, 1)]
+    pool = {arm: rac.pooled(results, arm) for arm in ("base", "rac_third", "demos")}
+    text = rac.verdict(pool, results)
+    assert "DAgger" not in text
+    assert "RaC on a third of the budget: 0.350 (2400 operator steps)" in text
+    assert "at least the demos arm on 1 of 2" in text
