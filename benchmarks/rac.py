@@ -419,13 +419,16 @@ def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:
                      + f" Per seed: RaC highest on {highest} of {len(results)}.")
     if all(arm in pool for arm in TESTS["third"]):
         third, dem = (pool[a]["success"] for a in TESTS["third"])
-        overlap = pool["rac_third"]["ci"][1] >= pool["demos"]["ci"][0] and pool["demos"]["ci"][1] >= pool["rac_third"]["ci"][0]
+        (lo, hi), (dlo, dhi) = pool["rac_third"]["ci"], pool["demos"]["ci"]
+        overlap = hi >= dlo and dhi >= lo
         third_ok = sum(x["rac_third"] >= x["demos"] for x in sr)
         parts.append(f"RaC on a third of the budget: {third:.3f} ({steps['rac_third']} operator steps) against the "
                      f"demos arm's {dem:.3f} ({steps['demos']}): "
                      + ("as high or higher." if third >= dem else
                         "lower" + (", the intervals overlapping." if overlap else "."))
                      + f" Per seed: RaC on a third at least the demos arm on {third_ok} of {len(results)}.")
+    if not parts:
+        return "Verdict: no test's arms were run on every seed (rac, dagger and demos; or rac_third and demos)."
     return "Verdict: " + " ".join(parts) + controls(pool)
 
 

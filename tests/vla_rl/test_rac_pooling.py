@@ -7,7 +7,8 @@ import pytest
 
 from vla_rl.evaluation import wilson_interval
 
-_spec = importlib.util.spec_from_file_location("rac_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "rac.py")
+_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rac.py"
+_spec = importlib.util.spec_from_file_location("rac_bench", _BENCH)
 rac = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rac)
 
@@ -43,3 +44,10 @@ def test_verdict_on_the_arms_of_one_test():
     assert "DAgger" not in text
     assert "RaC on a third of the budget: 0.350 (2400 operator steps)" in text
     assert "at least the demos arm on 1 of 2" in text
+
+
+def test_verdict_without_a_test_on_every_seed():
+    results = [{"seed": 0, "base": {"success": 0.2, "episodes": 400}, "demos": {"success": 0.3, "episodes": 400,
+                                                                              "operator_steps": 3600}}]
+    pool = {arm: rac.pooled(results, arm) for arm in ("base", "demos")}
+    assert "no test's arms" in rac.verdict(pool, results)
