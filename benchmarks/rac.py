@@ -35,7 +35,9 @@ Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` 
 (deterministic, seeds disjoint from everything else), with 95% Wilson intervals; and, for the test-time
 scaling plot, every arm's policy runs ``--scaling-episodes`` episodes alone while its own recovery
 manoeuvres are counted (:func:`vla_rl.intervention.operator.count_recoveries`): success against the number of
-recoveries per episode. A seed is published once the arms of one of the issue's tests are done (``rac``,
+recoveries per episode. The same episodes record the furthest task stage each reached, so the report says where a
+policy's failures stop (``reach`` .. ``stack``). Each arm's fine-tuned policy is kept in ``<work>/s<seed>/arms/<arm>/policy``
+(loadable with :func:`policies.loading.load_policy`). A seed is published once the arms of one of the issue's tests are done (``rac``,
 ``dagger`` and ``demos``; or ``rac_third`` and ``demos``), with the arms every published seed has: a check on
 more seeds can run only the arms of one test. Seeds are pooled with equal weight. Results:
 ``benchmarks/results/rac.json`` (per seed and arm: operator steps, success with interval, wall seconds) and the
@@ -69,6 +71,7 @@ from bench_report import write_json, write_section  # noqa: E402
 
 from policies.base import ActMode  # noqa: E402
 from policies.loading import load_policy  # noqa: E402
+from sim.mujoco_tasks.tasks import STAGES  # noqa: E402
 from vla_rl.algorithms.base import IterationInputs  # noqa: E402
 from vla_rl.algorithms.rac import RaCLearner, RaCLearnerConfig  # noqa: E402
 from vla_rl.data import check_inputs, collect_demos, dataset_spec, load_chunks, policy_inputs  # noqa: E402
@@ -187,12 +190,13 @@ def evaluate(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]
     out = {"episodes": res.episodes, "success": res.success_rate, "ci": [res.ci_low, res.ci_high],
            "eval_wall_s": time.perf_counter() - t0}
     if args.scaling_episodes:
-        out["recoveries"] = recoveries(policy, args, seed)
+        out.update(alone(policy, args, seed))
     return out
 
 
-def recoveries(policy: Any, args: argparse.Namespace, seed: int) -> list[tuple[int, bool]]:
-    """``(recovery manoeuvres, success)`` of each of ``--scaling-episodes`` episodes the policy plays alone."""
+def alone(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, list]:
+    """``--scaling-episodes`` episodes the policy plays alone: per episode ``recoveries``, ``(recovery manoeuvres,
+    success)``, and ``furthest_stage``, the most task stages held at once (all of them when it succeeded)."""
     env = make_env(args.envs, EVAL_SEED // 2 + seed)
 
     def act(obs: dict) -> torch.Tensor:
@@ -203,7 +207,9 @@ def recoveries(policy: Any, args: argparse.Namespace, seed: int) -> list[tuple[i
         stats = run_session(env, act, [PassiveController() for _ in range(args.envs)], args.scaling_episodes,
                             EVAL_SEED // 2 + seed, progress_of=tabletop_progress, progress=False)
     env.close()
-    return list(zip(stats.recoveries, stats.outcomes))
+    top = len(STAGES["sequence"])
+    return {"recoveries": list(zip(stats.recoveries, stats.outcomes)),
+            "furthest_stage": [top if ok else f for f, ok in zip(stats.furthest, stats.outcomes)]}
 
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -222,8 +228,8 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if "base" in args.arms and kept is None:
         kept = {**evaluate(base, args, seed), "settings": settings(args)}
         write_json(base_file, kept, indent=2)
-    elif "base" in args.arms and args.scaling_episodes and "recoveries" not in kept:
-        kept["recoveries"] = recoveries(base, args, seed)  # evaluated without the scaling episodes: add only those
+    elif "base" in args.arms and args.scaling_episodes and "furthest_stage" not in kept:
+        kept.update(alone(base, args, seed))  # evaluated without (some of) the scaling episodes: add only those
         write_json(base_file, kept, indent=2)
     if kept is not None:
         out["base"] = kept
@@ -241,6 +247,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             policy.train()
             torch.manual_seed(seed * 10 + ALL_ARMS.index(arm) + DRAW_SEEDS * draw)
             row = finetune(policy, arm, args, seed, demos, work, draw)
+            policy.save_pretrained(work / "arms" / draw_name(arm, draw) / "policy")  # kept for a later look
             row.update(evaluate(policy, args, seed))
             row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
             row["settings"] = settings(args)
@@ -280,8 +287,9 @@ def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[key] = round(sum(r[key] for r in rows) / len(rows))
     for key in ("finetune_wall_s", "eval_wall_s", "wall_s"):
         out[key] = sum(r[key] for r in rows)
-    if any("recoveries" in r for r in rows):
-        out["recoveries"] = [x for r in rows for x in r.get("recoveries", [])]
+    for key in ("recoveries", "furthest_stage"):
+        if any(key in r for r in rows):
+            out[key] = [x for r in rows for x in r.get(key, [])]
     out["draws"] = [{key: r[key] for key in ("success", "ci", "operator_steps")} for r in rows]
     if "settings" in rows[0]:
         out["settings"] = rows[0]["settings"]
@@ -397,8 +405,32 @@ def report(summary: dict[str, Any]) -> str:
         if not table:  # evaluated without scaling episodes
             continue
         lines.append(f"- {arm}: " + ", ".join(f"{k}: {v[0]}/{v[1]}" for k, v in table.items()))
-    lines += ["", f"![success vs recoveries](../benchmarks/results/{summary['plot']})", "", summary["verdict"]]
+    lines += ["", f"![success vs recoveries](../benchmarks/results/{summary['plot']})", ""]
+    lines += stage_table(summary)
+    lines += [summary["verdict"]]
     return "\n".join(lines)
+
+
+def reached(furthest: list[int]) -> list[float]:
+    """Share of episodes that reached each stage of the task (``STAGES["sequence"]``, in order): furthest >= k."""
+    n = max(1, len(furthest))
+    return [sum(f >= k for f in furthest) / n for k in range(1, len(STAGES["sequence"]) + 1)]
+
+
+def stage_table(summary: dict[str, Any]) -> list[str]:
+    """Where the policy's own episodes stop: per seed and arm with recorded stages, the share of its scaling
+    episodes that reached each stage (markdown lines; none when no arm recorded them)."""
+    names = STAGES["sequence"]
+    rows = [(r["seed"], arm, r[arm]["furthest_stage"]) for r in summary["seeds"]
+            for arm in summary["pooled"] if r[arm].get("furthest_stage")]
+    if not rows:
+        return []
+    lines = ["Where the policy's own episodes stop (the scaling episodes: share that reached each stage; success "
+             "also needs the stack at rest and released):", "",
+             "| seed | arm | episodes | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for seed, arm, furthest in rows:
+        lines.append(f"| {seed} | {arm} | {len(furthest)} | " + " | ".join(f"{x:.2f}" for x in reached(furthest)) + " |")
+    return lines + [""]
 
 
 def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:

@@ -19,7 +19,7 @@ from vla_core.manifest import IntegrityError
 from vla_rl.data import DatasetError, PolicyInputs, load_chunks
 from vla_rl.intervention.labels import labels_from_flags
 from vla_rl.intervention.operator import OperatorConfig
-from vla_rl.intervention.session import TeleopController, make_operators, run_session
+from vla_rl.intervention.session import TeleopController, make_operators, run_session, tabletop_progress
 from vla_rl.intervention.teleop import LeRobotEETeleop, ScriptedKeys, SessionKeys
 
 P, R, C = int(Label.POLICY), int(Label.RECOVERY), int(Label.CORRECTION)
@@ -156,6 +156,23 @@ def test_corrections_from_here_push_on_where_the_approach_backs_off():
     assert first_correction("here", held, 1.0)[2] > 0  # and lifts
     with pytest.raises(ValueError, match="correct_from"):
         OperatorConfig(correct_from="there")
+
+
+def test_a_session_records_how_far_each_episode_got():
+    """``furthest``: the most leading stages held at once per episode, what the RaC benchmark reads to say where a
+    policy's failures stop. The operator finishes what the wrong-cube policy cannot: an episode it saves placed red
+    on the pad (4 stages) before it stacked blue."""
+    env = make_env("mujoco/pick-place-stack", num_envs=2, seed=0, obs_mode="state")
+    ops = make_operators(OperatorConfig(reaction_delay=1, action_noise=0.0), 2, 0.04, seed=0)
+    stats = run_session(env, wrong_cube_policy, ops, episodes=2, seed=3, progress_of=tabletop_progress,
+                        progress=False)
+    env.close()
+    assert len(stats.furthest) == stats.episodes == 2 and stats.successes >= 1
+    for furthest, ok in zip(stats.furthest, stats.outcomes):
+        assert 0 <= furthest <= 8 and (furthest >= 4 or not ok)
+    unwatched = make_env("mujoco/pick-red", num_envs=1, seed=0, obs_mode="state", max_episode_steps=5)
+    assert run_session(unwatched, still_policy, [ops[0]], episodes=1, seed=0, progress=False).furthest == [-1]
+    unwatched.close()
 
 
 def test_a_budget_cut_session_counts_the_takeovers_of_the_episodes_it_cuts(tmp_path):

@@ -51,3 +51,17 @@ def test_verdict_without_a_test_on_every_seed():
                                                                               "operator_steps": 3600}}]
     pool = {arm: rac.pooled(results, arm) for arm in ("base", "demos")}
     assert "no test's arms" in rac.verdict(pool, results)
+
+
+def test_where_episodes_stop_is_the_share_reaching_each_stage():
+    """The stage table reads each arm's ``furthest_stage`` (8 stages on pick-place-stack; a success counts all 8)."""
+    assert rac.reached([0, 2, 8, 8]) == [0.75, 0.75, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
+    assert rac.reached([]) == [0.0] * 8
+    arm = {"success": 0.5, "episodes": 4, "furthest_stage": [0, 3, 4, 8]}
+    summary = {"seeds": [{"seed": 3, "base": {"success": 0.1, "episodes": 4}, "rac_third": arm}],
+               "pooled": {"base": {}, "rac_third": {}}}
+    lines = rac.stage_table(summary)
+    assert lines[2].startswith("| seed | arm | episodes | reach | grasp | lift | place | reach2 |")
+    assert lines[4] == "| 3 | rac_third | 4 | 0.75 | 0.75 | 0.75 | 0.50 | 0.25 | 0.25 | 0.25 | 0.25 |"
+    assert len(lines) == 6  # the base row has no stages recorded: left out
+    assert rac.stage_table({"seeds": summary["seeds"][:0], "pooled": {}}) == []

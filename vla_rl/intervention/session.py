@@ -98,6 +98,9 @@ class SessionStats:
     recoveries: list[int] = field(default_factory=list)
     """Per episode: recovery manoeuvres the policy made itself (:func:`~vla_rl.intervention.operator.count_recoveries`
     on its stage progress, counted only on episodes without a takeover; -1 for the others)."""
+    furthest: list[int] = field(default_factory=list)
+    """Per episode: the most leading task stages that held at once (the maximum of its stage progress, read at the
+    start of every step, so the state the last step left is not counted); -1 without ``progress_of``."""
 
     @property
     def operator_steps(self) -> int:
@@ -189,6 +192,7 @@ def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes
                 stats.outcomes.append(ok)
                 stats.takeovers += int(took[i])
                 stats.recoveries.append(count_recoveries(prog[i]) if not took[i] and prog[i] else -1)
+                stats.furthest.append(max(prog[i]) if prog[i] else -1)
                 frames[i], prog[i], took[i] = [], [], False
                 queues[i].clear()
                 controllers[i].reset()
