@@ -320,8 +320,30 @@ def seed_pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"success": success, "ci": [lo, hi], "episodes": sum(n), "effective_episodes": round(n_eff)}
 
 
+def draw_interval(rows: list[dict[str, Any]]) -> list[float] | None:
+    """95% interval of the equal-weight mean over seeds that counts the spread between training draws, not only
+    the episodes. The draws' successes (each with its episode noise) spread about their seed's mean with a variance
+    pooled over seeds (one-way analysis of variance: the sum of squared deviations over ``sum(k_s - 1)`` degrees of
+    freedom, so two draws a seed suffice), the mean over ``S`` seeds has variance ``s_p^2 sum(1 / k_s) / S^2``,
+    and the interval takes a Student t quantile. None unless every seed has two draws or more (one draw says
+    nothing of the spread)."""
+    from scipy.stats import t as student_t
+
+    draws = [[d["success"] for d in r.get("draws", [r])] for r in rows]
+    if any(len(d) < 2 for d in draws):
+        return None
+    means = [sum(d) / len(d) for d in draws]
+    dof = sum(len(d) - 1 for d in draws)
+    within = sum((x - m) ** 2 for d, m in zip(draws, means) for x in d) / dof
+    s = len(draws)
+    half = float(student_t.ppf(0.975, dof)) * (within * sum(1 / len(d) for d in draws) / s**2) ** 0.5
+    mean = sum(means) / s
+    return [max(0.0, mean - half), min(1.0, mean + half)]
+
+
 def pooled(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
-    return {**seed_pooled([r[arm] for r in results]),
+    rows = [r[arm] for r in results]
+    return {**seed_pooled(rows), "ci_draws": draw_interval(rows),
             "operator_steps": [r[arm].get("operator_steps", 0) for r in results]}
 
 
@@ -393,12 +415,16 @@ def report(summary: dict[str, Any]) -> str:
                          f"{x['correction_steps']}) | {x['success']:.3f} [{x['ci'][0]:.3f}, {x['ci'][1]:.3f}]{each} | "
                          f"{x['wall_s']:.0f} |")
     lines += ["", "Pooled over seeds, each seed weighing the same (its draws pooled first; where seeds have unequal "
-              "draws the interval is at the effective number of episodes, in brackets):", "",
-              "| arm | success [95% CI] | episodes |", "|---|---|---|"]
+              "draws the interval is at the effective number of episodes, in brackets). The last column's interval "
+              "counts the spread between training draws as well (Student t over the draws' means, where every seed "
+              "has two draws or more):", "",
+              "| arm | success [95% CI] | episodes | 95% CI over draws |", "|---|---|---|---|"]
     for arm, p in summary["pooled"].items():
         eff = p.get("effective_episodes", p["episodes"])
+        over = p.get("ci_draws")
         lines.append(f"| {arm} | {p['success']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] | {p['episodes']}"
-                     + (f" ({eff})" if eff != p["episodes"] else "") + " |")
+                     + (f" ({eff})" if eff != p["episodes"] else "") + " | "
+                     + (f"[{over[0]:.3f}, {over[1]:.3f}]" if over else "-") + " |")
     lines += ["", "Test-time scaling (success by the number of recovery manoeuvres the policy itself makes per "
               "episode, its own episodes without an operator; `k: successes/episodes`):", ""]
     for arm, table in summary["scaling"].items():
@@ -458,10 +484,20 @@ def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:
                      f"demos arm's {dem:.3f} ({steps['demos']}): "
                      + ("as high or higher." if third >= dem else
                         "lower" + (", the intervals overlapping." if overlap else "."))
-                     + f" Per seed: RaC on a third at least the demos arm on {third_ok} of {len(results)}.")
+                     + f" Per seed: RaC on a third at least the demos arm on {third_ok} of {len(results)}."
+                     + draws_said(pool["rac_third"].get("ci_draws"), pool["demos"].get("ci_draws")))
     if not parts:
         return "Verdict: no test's arms were run on every seed (rac, dagger and demos; or rac_third and demos)."
     return "Verdict: " + " ".join(parts) + controls(pool)
+
+
+def draws_said(a: list[float] | None, b: list[float] | None) -> str:
+    """Whether two arms' intervals over training draws overlap (empty when either has none)."""
+    if not a or not b:
+        return ""
+    apart = a[0] > b[1] or b[0] > a[1]
+    return (f" Counting the spread between draws: [{a[0]:.3f}, {a[1]:.3f}] against [{b[0]:.3f}, {b[1]:.3f}], "
+            + ("disjoint." if apart else "overlapping."))
 
 
 def controls(pool: dict[str, Any]) -> str:

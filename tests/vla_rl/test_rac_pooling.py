@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from scipy.stats import t
 
 from vla_rl.evaluation import wilson_interval
 
@@ -65,3 +66,29 @@ def test_where_episodes_stop_is_the_share_reaching_each_stage():
     assert lines[4] == "| 3 | rac_third | 4 | 0.75 | 0.75 | 0.75 | 0.50 | 0.25 | 0.25 | 0.25 | 0.25 |"
     assert len(lines) == 6  # the base row has no stages recorded: left out
     assert rac.stage_table({"seeds": summary["seeds"][:0], "pooled": {}}) == []
+
+
+def test_the_interval_over_draws_counts_their_spread():
+    """Seeds whose draws disagree get a wider interval than the episodes alone give; one draw somewhere: none."""
+    def seed(*draws):
+        return {"success": sum(draws) / len(draws), "episodes": 400 * len(draws),
+                "draws": [{"success": d, "ci": [0, 1], "operator_steps": 1} for d in draws]}
+
+    steady = [seed(0.40, 0.41), seed(0.30, 0.31), seed(0.50, 0.50)]
+    spread = [seed(0.30, 0.51), seed(0.20, 0.41), seed(0.45, 0.55)]
+    lo, hi = rac.draw_interval(spread)
+    mean = (0.405 + 0.305 + 0.50) / 3
+    # by hand: two draws a seed, so each seed adds (a - b)^2 / 2 to the squared deviations, over 3 degrees of
+    # freedom; the mean over 3 seeds of 2-draw means has variance s_p^2 * (3 / 2) / 9
+    pairs = ((0.30, 0.51), (0.20, 0.41), (0.45, 0.55))
+    var = sum((a - b) ** 2 / 2 for a, b in pairs) / 3 * 1.5 / 9
+    dof = 3
+    assert (lo + hi) / 2 == pytest.approx(mean)
+    assert hi - lo == pytest.approx(2 * t.ppf(0.975, dof) * var**0.5)
+    episodes_only = rac.seed_pooled(spread)["ci"]
+    assert hi - lo > episodes_only[1] - episodes_only[0]
+    s_lo, s_hi = rac.draw_interval(steady)
+    assert s_hi - s_lo < hi - lo
+    assert rac.draw_interval([seed(0.3, 0.4), {"success": 0.2, "episodes": 400}]) is None
+    assert "disjoint" in rac.draws_said([0.4, 0.5], [0.2, 0.3]) and "overlapping" in rac.draws_said([0.2, 0.5],
+                                                                                                  [0.3, 0.4])
