@@ -39,7 +39,8 @@ recoveries per episode. The same episodes record the furthest task stage each re
 policy's failures stop (``reach`` .. ``stack``). Each arm's fine-tuned policy is kept in ``<work>/s<seed>/arms/<arm>/policy``
 (loadable with :func:`policies.loading.load_policy`). A seed is published once the arms of one of the issue's tests are done (``rac``,
 ``dagger`` and ``demos``; or ``rac_third`` and ``demos``), with the arms every published seed has: a check on
-more seeds can run only the arms of one test. Seeds are pooled with equal weight. Results:
+more seeds can run only the arms of one test. Seeds are pooled with equal weight; where every seed has two draws or
+more, a second interval counts the spread between draws too (:func:`draw_interval`). Results:
 ``benchmarks/results/rac.json`` (per seed and arm: operator steps, success with interval, wall seconds) and the
 plot beside it, named after it (``benchmarks/results/rac_scaling.png``); ``--write`` replaces the section
 ``## RaC`` of a markdown file.
