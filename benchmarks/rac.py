@@ -36,11 +36,12 @@ Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` 
 scaling plot, every arm's policy runs ``--scaling-episodes`` episodes alone while its own recovery
 manoeuvres are counted (:func:`vla_rl.intervention.operator.count_recoveries`): success against the number of
 recoveries per episode. The same episodes record the furthest task stage each reached, so the report says where a
-policy's failures stop (``reach`` .. ``stack``). Each arm's fine-tuned policy is kept in ``<work>/s<seed>/arms/<arm>/policy``
-(loadable with :func:`policies.loading.load_policy`). A seed is published once the arms of one of the issue's tests are done (``rac``,
-``dagger`` and ``demos``; or ``rac_third`` and ``demos``), with the arms every published seed has: a check on
-more seeds can run only the arms of one test. Seeds are pooled with equal weight; where every seed has two draws or
-more, a second interval counts the spread between draws too (:func:`draw_interval`). Results:
+policy's failures stop (``reach`` .. ``stack``). Each arm's fine-tuned policy is kept in
+``<work>/s<seed>/arms/<arm>/policy`` (loadable with :func:`policies.loading.load_policy`). A seed is published once
+the arms of one of the issue's tests are done (``rac``, ``dagger`` and ``demos``; or ``rac_third`` and ``demos``),
+with the arms every published seed has: a check on more seeds can run only the arms of one test. Seeds are pooled
+with equal weight; where every seed has two draws or more, a second interval counts the spread between draws too
+(:func:`draw_interval`). Results:
 ``benchmarks/results/rac.json`` (per seed and arm: operator steps, success with interval, wall seconds) and the
 plot beside it, named after it (``benchmarks/results/rac_scaling.png``); ``--write`` replaces the section
 ``## RaC`` of a markdown file.
@@ -456,7 +457,8 @@ def stage_table(summary: dict[str, Any]) -> list[str]:
              "also needs the stack at rest and released):", "",
              "| seed | arm | episodes | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     for seed, arm, furthest in rows:
-        lines.append(f"| {seed} | {arm} | {len(furthest)} | " + " | ".join(f"{x:.2f}" for x in reached(furthest)) + " |")
+        shares = " | ".join(f"{x:.2f}" for x in reached(furthest))
+        lines.append(f"| {seed} | {arm} | {len(furthest)} | {shares} |")
     return lines + [""]
 
 
