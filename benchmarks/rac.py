@@ -401,7 +401,7 @@ def report(summary: dict[str, Any]) -> str:
         f"{a['operator_noise']}, corrections from `{a.get('correct_from', 'approach')}`. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals."
         + (f" Arms with several training draws (own collection and training seeds; up to {most} here) pool the "
            "draws' episodes, the same held-out episodes for each; their interval counts episodes, not the spread "
-           "between draws (listed in the row)." if most > 1 else ""),
+           "between draws (listed in the row; the pooled table's last column counts it)." if most > 1 else ""),
         "",
         "| arm | seed | operator steps (recovery / correction) | success [95% CI] | wall s |",
         "|---|---|---|---|---|",
