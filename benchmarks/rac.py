@@ -211,7 +211,8 @@ def alone(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, list]:
     env.close()
     top = len(STAGES["sequence"])
     return {"recoveries": list(zip(stats.recoveries, stats.outcomes)),
-            "furthest_stage": [top if ok else f for f, ok in zip(stats.furthest, stats.outcomes)]}
+            "furthest_stage": [top if ok else f for f, ok in zip(stats.furthest, stats.outcomes)],
+            "scaling_rule": "share"}  # each env counts its share (run_session); unmarked rows: the first that ended
 
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -427,8 +428,12 @@ def report(summary: dict[str, Any]) -> str:
         lines.append(f"| {arm} | {p['success']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] | {p['episodes']}"
                      + (f" ({eff})" if eff != p["episodes"] else "") + " | "
                      + (f"[{over[0]:.3f}, {over[1]:.3f}]" if over else "-") + " |")
+    rows = [r[arm] for r in summary["seeds"] for arm in summary["pooled"] if r[arm].get("recoveries")]
+    old = sum(row.get("scaling_rule") != "share" for row in rows)
     lines += ["", "Test-time scaling (success by the number of recovery manoeuvres the policy itself makes per "
-              "episode, its own episodes without an operator; `k: successes/episodes`):", ""]
+              "episode, its own episodes without an operator; `k: successes/episodes`"
+              + (f"; {old} of {len(rows)} seed and arm rows counted the episodes that ended first, a rule that "
+                 "favours short, successful episodes, replaced in session 32" if old else "") + "):", ""]
     for arm, table in summary["scaling"].items():
         if not table:  # evaluated without scaling episodes
             continue
@@ -453,8 +458,8 @@ def stage_table(summary: dict[str, Any]) -> list[str]:
             for arm in summary["pooled"] if r[arm].get("furthest_stage")]
     if not rows:
         return []
-    lines = ["Where the policy's own episodes stop (the scaling episodes: share that reached each stage; success "
-             "also needs the stack at rest and released):", "",
+    lines = ["Where the policy's own episodes stop (the scaling episodes, counted as above: share that reached each "
+             "stage; success also needs the stack at rest and released):", "",
              "| seed | arm | episodes | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     for seed, arm, furthest in rows:
         shares = " | ".join(f"{x:.2f}" for x in reached(furthest))

@@ -175,6 +175,43 @@ def test_a_session_records_how_far_each_episode_got():
     unwatched.close()
 
 
+class RaceEnv:
+    """Two envs: env 0's episodes succeed after 2 steps, env 1's fail at a 10-step time limit."""
+
+    num_envs = 2
+
+    class spec:  # noqa: N801 - what run_session reads of an EnvSpec
+        env_id, action_dim, image_keys = "race", 4, ()
+
+    def __init__(self) -> None:
+        self.t = np.zeros(2, dtype=int)
+
+    def _obs(self) -> dict:
+        return {"task": ["race", "race"]}
+
+    def reset(self, seed=None, env_ids=None):
+        self.t[:] = 0
+        return self._obs()
+
+    def step(self, actions):
+        self.t += 1
+        win = np.array([self.t[0] >= 2, False])
+        end = np.array([self.t[0] >= 2, self.t[1] >= 10])
+        self.t[end] = 0
+        info = {"success": win, "episode": {"success": win}}
+        return self._obs(), np.zeros(2), win, end & ~win, info
+
+
+def test_a_session_counts_each_env_s_share_so_short_episodes_are_not_favoured():
+    """Counting whichever episodes end first would take 9 of env 0's 2-step successes for every failure of env 1
+    (a success rate of 0.9 where the envs' episodes succeed half the time); each env counts its share instead."""
+    from vla_rl.intervention.session import PassiveController
+
+    stats = run_session(RaceEnv(), still_policy, [PassiveController(), PassiveController()], episodes=10, seed=0,
+                        progress=False)
+    assert stats.episodes == 10 and stats.successes == 5 and stats.steps["policy"] == 5 * 2 + 5 * 10
+
+
 def test_a_budget_cut_session_counts_the_takeovers_of_the_episodes_it_cuts(tmp_path):
     """RaC rounds stop at an operator budget with episodes under way in every env: those are recorded, and their
     takeovers count (session 19's RaC table counted only the finished episodes: 1 takeover against 25 recorded)."""

@@ -130,6 +130,11 @@ def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes
         operator_budget: stop once the operator has controlled this many steps (0 = no limit); the episodes
             under way are recorded up to that point.
 
+    Each env counts a fixed share of the ``episodes`` (``episodes // num_envs``, one more for the first
+    ``episodes % num_envs``) and then idles, the policy acting unwatched and unrecorded, until the others are
+    done: counting whichever episodes end first would favour short ones (successes end early, failures run to the
+    time limit) and inflate the success rate.
+
     Returns:
         :class:`SessionStats`.
     """
@@ -143,6 +148,8 @@ def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes
     frames: list[list[tuple[dict[str, Any], np.ndarray, float, bool, Label]]] = [[] for _ in range(b)]
     prog: list[list[int]] = [[] for _ in range(b)]
     took: list[bool] = [False] * b
+    quota = [episodes // b + int(i < episodes % b) for i in range(b)]
+    counts = [0] * b
     for c in controllers:
         c.reset()
     step = 0
@@ -158,6 +165,10 @@ def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes
             actions = np.zeros((b, env.spec.action_dim), dtype=np.float32)
             labels: list[Label] = []
             for i, c in enumerate(controllers):
+                if counts[i] >= quota[i]:  # its share is done: idle under the policy, uncounted
+                    actions[i] = queues[i].popleft()
+                    labels.append(Label.POLICY)
+                    continue
                 if progress_of is not None:
                     prog[i].append(progress_of(obs, i))
                 op_action, label = c.act(obs, i, step)
@@ -177,15 +188,17 @@ def run_session(env: VecEnv, act: ActFn, controllers: list[Controller], episodes
             step += 1
             ended, verdict = keys.take_episode_end() if keys is not None else (False, None)
             for i in range(b):
+                done = bool(term[i] or trunc[i]) or (ended and i == 0)
+                if counts[i] >= quota[i]:
+                    if done:
+                        queues[i].clear()
+                    continue
                 frames[i].append(({k: (v[i] if k != TASK else v[i]) for k, v in prev.items()}, actions[i],
                                   float(reward[i]), bool(info["success"][i]), labels[i]))
-                done = bool(term[i] or trunc[i]) or (ended and i == 0)
                 if not done:
                     continue
                 ok = bool(info["episode"]["success"][i]) if (term[i] or trunc[i]) else bool(verdict)
-                if stats.episodes >= episodes:  # several envs ended on the last step: keep exactly `episodes`
-                    frames[i] = []
-                    continue
+                counts[i] += 1
                 _save(recorder, frames[i])
                 stats.episodes += 1
                 stats.successes += ok
