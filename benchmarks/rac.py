@@ -485,8 +485,7 @@ def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:
                      + f" Per seed: RaC highest on {highest} of {len(results)}.")
     if all(arm in pool for arm in TESTS["third"]):
         third, dem = (pool[a]["success"] for a in TESTS["third"])
-        (lo, hi), (dlo, dhi) = pool["rac_third"]["ci"], pool["demos"]["ci"]
-        overlap = hi >= dlo and dhi >= lo
+        overlap = not disjoint(pool["rac_third"]["ci"], pool["demos"]["ci"])
         third_ok = sum(x["rac_third"] >= x["demos"] for x in sr)
         parts.append(f"RaC on a third of the budget: {third:.3f} ({steps['rac_third']} operator steps) against the "
                      f"demos arm's {dem:.3f} ({steps['demos']}): "
@@ -499,13 +498,17 @@ def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:
     return "Verdict: " + " ".join(parts) + controls(pool)
 
 
+def disjoint(a: list[float], b: list[float]) -> bool:
+    """Whether intervals ``[lo, hi]`` ``a`` and ``b`` share no point."""
+    return a[0] > b[1] or b[0] > a[1]
+
+
 def draws_said(a: list[float] | None, b: list[float] | None) -> str:
     """Whether two arms' intervals over training draws overlap (empty when either has none)."""
     if not a or not b:
         return ""
-    apart = a[0] > b[1] or b[0] > a[1]
     return (f" Counting the spread between draws: [{a[0]:.3f}, {a[1]:.3f}] against [{b[0]:.3f}, {b[1]:.3f}], "
-            + ("disjoint." if apart else "overlapping."))
+            + ("disjoint." if disjoint(a, b) else "overlapping."))
 
 
 def controls(pool: dict[str, Any]) -> str:

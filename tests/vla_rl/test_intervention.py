@@ -19,7 +19,8 @@ from vla_core.manifest import IntegrityError
 from vla_rl.data import DatasetError, PolicyInputs, load_chunks
 from vla_rl.intervention.labels import labels_from_flags
 from vla_rl.intervention.operator import OperatorConfig
-from vla_rl.intervention.session import TeleopController, make_operators, run_session, tabletop_progress
+from vla_rl.intervention.session import (PassiveController, TeleopController, make_operators, run_session,
+                                         tabletop_progress)
 from vla_rl.intervention.teleop import LeRobotEETeleop, ScriptedKeys, SessionKeys
 
 P, R, C = int(Label.POLICY), int(Label.RECOVERY), int(Label.CORRECTION)
@@ -205,8 +206,6 @@ class RaceEnv:
 def test_a_session_counts_each_env_s_share_so_short_episodes_are_not_favoured():
     """Counting whichever episodes end first would take 9 of env 0's 2-step successes for every failure of env 1
     (a success rate of 0.9 where the envs' episodes succeed half the time); each env counts its share instead."""
-    from vla_rl.intervention.session import PassiveController
-
     stats = run_session(RaceEnv(), still_policy, [PassiveController(), PassiveController()], episodes=10, seed=0,
                         progress=False)
     assert stats.episodes == 10 and stats.successes == 5 and stats.steps["policy"] == 5 * 2 + 5 * 10
