@@ -25,15 +25,34 @@ Variants (``VARIANTS``) are switches of the same code:
 
 Medians over repeats; the ratios are what we track. Results: ``benchmarks/results/throughput.json`` and, with
 ``--write``, the section ``## Training throughput`` of docs/benchmarks.md.
+
+**Whole runs against a commit** (``--whole_runs``): the estimate above times the loop of today's code; the
+issue's target compares the quickstart's RL stage with the one it had at the start of the issue, on the same
+machine. This mode runs the real command, ``vla-rl quickstart --seed S``, one run after the other, each in its
+own process, for:
+
+- ``start``: the code of ``--start`` (default: the commit before issue 22's first change), from a git worktree of
+  it, the quickstart as it was then (Flow-SDE PPO);
+- ``now``: the code of this checkout, the quickstart's defaults;
+- ``now, PPO preset``: this checkout, ``--preset quickstart_ppo`` (the start's algorithm on today's code, so the
+  speed-up can be split into what the faster code gives and what the change of learner gives).
+
+Each run reports its stages (demos, pre-training, RL stage with both evaluations) in its ``report.json``; a run
+folder that already holds one (``--runs`` of an earlier call) is read, not run again. The table gives each
+stage's wall time, the RL stage against the start's, and each run's success before / after, so that the speed is
+never read apart from what was learned. Stored under ``whole_runs`` in the same JSON (the two modes keep each
+other's numbers).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -64,6 +83,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
 DEFAULT_VARIANTS = ("PPO 1 thread (issue start)", "filtered_bc 1 thread", "filtered_bc update on 2 threads",
                     "filtered_bc overlapped update (workers not reniced)", "filtered_bc overlapped update (quickstart)")
 WARMUP_ITERATIONS = 20
+START_COMMIT = "9da998b"
+"""The last commit before issue 22's first change (9f25278, the time breakdown): the quickstart the issue measured."""
+WHOLE_RUNS: dict[str, tuple[bool, list[str]]] = {  # label -> (run the --start commit's code, extra arguments)
+    "start": (True, []),
+    "now": (False, []),
+    "now, PPO preset": (False, ["--preset", "quickstart_ppo"]),
+}
 """At most this many untimed iterations per variant, until ``filtered_bc``'s success buffer yields minibatches."""
 
 
@@ -208,7 +234,22 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                     help=f"comma-separated names of variants, of: {', '.join(VARIANTS)}")
     ap.add_argument("--write", type=Path, default=None, help="markdown file whose throughput section to replace")
+    ap.add_argument("--whole_runs", action="store_true", help="run whole quickstarts of --start and of this "
+                    "checkout instead (see the module doc)")
+    ap.add_argument("--start", default=START_COMMIT, help="the commit whose quickstart is the issue's start")
+    ap.add_argument("--seed", type=int, default=0, help="the quickstart seed of --whole_runs")
+    ap.add_argument("--runs", type=Path, default=Path("runs/throughput"), help="run folders of --whole_runs")
+    ap.add_argument("--labels", nargs="+", default=list(WHOLE_RUNS), choices=list(WHOLE_RUNS),
+                    help="which whole runs to make")
     args = ap.parse_args()
+    if args.whole_runs:
+        result = {**_load_results(), "whole_runs": whole_runs(args.start, args.seed, args.runs, args.labels)}
+        write_json(RESULTS, result, indent=2)
+        md = render(result)
+        print(md)
+        if args.write:
+            write_section(args.write, SECTION, md)
+        return
     torch.set_num_threads(1)
     from vla_rl.commands.quickstart import QuickstartConfig
     from vla_rl.threads import usable_cores
@@ -262,6 +303,7 @@ def main() -> None:
     for row in rows:
         row["rl_stage_vs_first"] = row["rl_stage_estimate_s"] / base
     result = {
+        **{k: v for k, v in _load_results().items() if k == "whole_runs"},
         "usable_cpus": cores,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                    f"load average {os.getloadavg()[0]:.1f} at the end",
@@ -277,7 +319,99 @@ def main() -> None:
         write_section(args.write, SECTION, md)
 
 
+def _load_results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
+def _commit(ref: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", ref], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def whole_run(label: str, code: Path, commit: str, seed: int, runs: Path, extra: list[str]) -> dict[str, Any]:
+    """One ``vla-rl quickstart --seed S`` of the code in ``code`` (a checkout), alone in its process; its
+    report's stages, success and wall time. A run folder that holds a report is read, not run again."""
+    run_dir = runs / label.replace(", ", "-").replace(" ", "-") / f"seed{seed}"
+    report = run_dir / "report.json"
+    if not report.exists():
+        cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--seed", str(seed), "--run_dir", str(run_dir),
+               "--demo_cache", str(run_dir / "demos"), *extra]
+        print(f"[{label}] {commit}: $ {' '.join(cmd)}", flush=True)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(code)}
+        proc = subprocess.run(cmd, cwd=code, env=env)
+        if proc.returncode != 0 or not report.exists():
+            raise RuntimeError(f"[{label}] the quickstart of {commit} failed (exit code {proc.returncode}); its "
+                               f"folder is {run_dir}")
+        (run_dir / "commit.txt").write_text(commit + "\n")
+    if (run_dir / "commit.txt").exists():  # the code the run was made with, not the code reading it now
+        commit = (run_dir / "commit.txt").read_text().strip()
+    rep = json.loads(report.read_text())
+    stages = rep["stages"]
+    return {"label": label, "commit": commit, "args": extra, "seed": seed, "run_dir": str(run_dir),
+            "algorithm": rep.get("algorithm"), "env_steps": rep.get("env_steps"), "iterations": rep.get("iterations"),
+            "stages_s": stages, "wall_s": rep["wall_seconds"],
+            "success_before": rep["success_before"], "success_after": rep["success_after"],
+            "success_after_ci": rep.get("success_after_ci"), "episodes_per_eval": rep.get("episodes_per_eval")}
+
+
+def whole_runs(start: str, seed: int, runs: Path, labels: list[str]) -> dict[str, Any]:
+    """The runs of ``labels`` (see :data:`WHOLE_RUNS`), one after the other; the start's code from a worktree."""
+    import tempfile
+
+    head = _commit("HEAD")
+    # changes outside benchmarks/ (the code under test) mark the commit
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks"],
+                                cwd=ROOT, capture_output=True, text=True).stdout.strip())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vla-rl-start-") as tmp:
+        start_code = Path(tmp) / "code"
+        if any(WHOLE_RUNS[label][0] for label in labels):
+            subprocess.run(["git", "worktree", "add", "--detach", str(start_code), start], cwd=ROOT, check=True,
+                           capture_output=True)
+        try:
+            for label in labels:
+                from_start, extra = WHOLE_RUNS[label]
+                code = start_code if from_start else ROOT
+                commit = _commit(start) if from_start else head + ("+changes" if dirty else "")
+                rows.append(whole_run(label, code, commit, seed, runs.resolve(), extra))
+        finally:
+            if start_code.exists():
+                subprocess.run(["git", "worktree", "remove", "--force", str(start_code)], cwd=ROOT, check=False)
+    base = next((r for r in rows if r["label"] == "start"), None)
+    for r in rows:
+        r["rl_stage_vs_start"] = r["stages_s"]["rl"] / base["stages_s"]["rl"] if base else None
+    return {"date": time.strftime("%Y-%m-%d"), "seed": seed,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+                       f"load average {os.getloadavg()[0]:.1f} at the end", "rows": rows}
+
+
+def render_whole_runs(w: dict[str, Any]) -> str:
+    lines = [
+        "### Whole quickstart runs against the issue's start",
+        "",
+        f"`python benchmarks/throughput.py --whole_runs --seed {w['seed']}`: `vla-rl quickstart --seed {w['seed']}` "
+        "run whole, each alone in its process, one after the other: the code at the start of issue 22 (from a git "
+        "worktree), this checkout's defaults, and this checkout with `--preset quickstart_ppo` (the start's learner). "
+        f"{w['machine']}, {w['date']}. *RL stage* is the stage the issue times (200 iterations and the two "
+        "400-episode evaluations); success on the held-out episodes of each run's own evaluation.",
+        "",
+        "| run | commit | RL learner | demos s | pre-training s | RL stage s | x start | whole run s "
+        "| env steps | success before -> after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in w["rows"]:
+        st = r["stages_s"]
+        vs = f"{r['rl_stage_vs_start']:.2f}" if r.get("rl_stage_vs_start") is not None else "-"
+        lines.append(
+            f"| {r['label']} | {r['commit']} | {r['algorithm']} | {st['demos']:.0f} | {st['pretrain']:.0f} "
+            f"| {st['rl']:.0f} | {vs} | {r['wall_s']:.0f} | {r['env_steps']:,} "
+            f"| {r['success_before']:.3f} -> {r['success_after']:.3f} |")
+    return "\n".join(lines)
+
+
 def render(r: dict[str, Any]) -> str:
+    if "rows" not in r:  # only whole runs so far
+        return render_whole_runs(r["whole_runs"])
     command = "python benchmarks/throughput.py"
     if r["policy"] != "fresh quickstart policy":
         command += f" --policy {r['policy']}"
@@ -310,6 +444,8 @@ def render(r: dict[str, Any]) -> str:
             f"| {row.get('learner_cpu_s', float('nan')):.2f} + {row.get('workers_cpu_s', float('nan')):.2f} "
             f"| {row.get('cpu_floor_s', float('nan')):.2f} | {row['rl_stage_estimate_s']:.0f} | {row['rl_stage_vs_first']:.2f} |"
         )
+    if "whole_runs" in r:
+        lines += ["", render_whole_runs(r["whole_runs"])]
     return "\n".join(lines)
 
 

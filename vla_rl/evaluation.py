@@ -103,6 +103,7 @@ def evaluate_episodes(
     desc: str = "eval",
     progress: bool = True,
     shard: EvalShard | None = None,
+    video_episodes: int = 0,
 ) -> EvalResult:
     """Run ``episodes`` episodes (see module doc) and summarize them.
 
@@ -113,14 +114,17 @@ def evaluate_episodes(
         seed: base seed of the evaluation episodes (keep it away from training seeds).
         exec_steps: actions of each chunk to execute (0 = all).
         video_path: write an MP4 of the first ``video_envs`` envs' cameras there (every step is then
-            rendered, :meth:`sim.core.VecEnv.step_chunk` with ``record_obs``, until those envs have
-            played their episodes).
+            rendered, :meth:`sim.core.VecEnv.step_chunk` with ``record_obs``, until each of those envs has
+            played ``video_episodes`` episodes, or all of its share with 0; after that the chunks run batched,
+            without the renders nobody reads).
+        video_episodes: episodes of each video env the video shows (0: every episode it plays).
         shard: when ``env`` holds envs ``[offset, offset + num_envs)`` of an evaluation spread over several
             processes: they play their share and the episodes of all are gathered before the summary, which is
             then the one a single env of ``shard.total_envs`` envs would give (same seeds, same trimming).
     """
     b = env.num_envs
     quota = math.ceil(episodes / (shard.total_envs if shard is not None else b))
+    filmed = min(quota, video_episodes) if video_episodes > 0 else quota  # episodes per video env the video shows
     counts = [0] * b
     records: list[tuple[int, int, str, float, int, bool]] = []  # env, k, task, return, length, success
     obs = env.reset(seed=seed)
@@ -131,7 +135,7 @@ def evaluate_episodes(
         while min(counts) < quota:
             chunk = act(obs)
             steps = chunk.shape[1] if exec_steps <= 0 else min(exec_steps, chunk.shape[1])
-            record = video is not None and min(counts[:video_envs]) < quota
+            record = video is not None and min(counts[:video_envs]) < filmed
             out = env.step_chunk(chunk[:, :steps], record_obs=record)
             obs = out.obs
             if record:
@@ -179,6 +183,7 @@ def evaluate_policy(
     episodes_per_task: int = 50,
     shard: EvalShard | None = None,
     first_init: int = 0,
+    video_episodes: int = 0,
 ) -> EvalResult:
     """:func:`evaluate_episodes` (or, given ``tasks``, :func:`evaluate_per_task`) of ``policy``'s deterministic actions (:attr:`ActMode.EVAL`), on its own RNG stream.
 
@@ -198,7 +203,7 @@ def evaluate_policy(
             res = evaluate_per_task(env, act, tasks, episodes_per_task, seed, exec_steps, desc, progress, first_init)
         else:
             res = evaluate_episodes(env, act, episodes, seed, exec_steps, video_path, video_envs, desc, progress,
-                                    shard)
+                                    shard, video_episodes)
     policy.reset()
     return res
 

@@ -157,7 +157,7 @@ class Trainer:
         res = evaluate_policy(env, policy, cfg.eval.episodes, seed, cfg.exec_steps, video,
                               cfg.eval.video_envs, desc=f"eval {tag}", progress=dist.is_main, tasks=tasks,
                               episodes_per_task=cfg.eval.episodes_per_task, shard=shard,
-                              first_init=cfg.env.tasks.train_init_states)
+                              first_init=cfg.env.tasks.train_init_states, video_episodes=cfg.eval.video_episodes)
         if res.video:
             logger.log_video(iteration, "eval/video", res.video, env.spec.control_freq)
         return res

@@ -176,6 +176,30 @@ def test_overlapped_updates_learn_the_bandit_too_and_reproduce_exactly(seed: int
     assert before <= 0.5 and after >= before + 0.4, (before, after)
 
 
+def test_a_frozen_encoder_leaves_the_instruction_embedding_and_trains_the_expert() -> None:
+    """``freeze_encoder``: the gradient steps change the action expert and leave every encoder parameter (here the
+    instruction embedding) bit for bit, which the optimizer never holds; the bandit is still learned, since the
+    expert reads the state directly."""
+    policy = _flow_policy(0)
+    encoder = {id(p) for p in policy.encoder_parameters()}
+    assert encoder
+    start = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    before = _success(policy, 0.5)
+    cfg = FilteredBCConfig(lr=3e-3, steps=200, batch_size=32, steps_per_iter=10, decisions_per_iter=1,
+                           min_buffer=8, image_shift=0, freeze_encoder=True)
+    learner = FilteredBCLearner(cfg, policy)
+    engine = _engine(0.5, 32, policy, episode_steps=1)
+    for it in range(12):
+        learner.update(learner.collect(IterationInputs(iteration=it, seed_base=100 * it, reset=True, engine=engine)))
+    assert learner.updater is not None and learner.updater.steps > 0
+    assert not encoder & {id(p) for g in learner.updater.optimizer.param_groups for p in g["params"]}
+    changed = {n for n, p in policy.named_parameters() if not torch.equal(p, start[n])}
+    assert any(n.startswith("expert.") for n in changed), changed
+    assert not any(n.startswith(("prefix.", "hashed_text.")) for n in changed), changed
+    after = _success(policy, 0.5)
+    assert before <= 0.5 and after >= before + 0.4, (before, after)
+
+
 def test_an_overlapped_collection_acts_with_the_weights_from_before_the_steps_it_trains() -> None:
     """Iteration 0 defers its steps (sync False); iteration 1's collection trains them in the background while a
     copy holding the pre-step weights acts; the engine gets the live policy back afterwards, a checkpoint taken

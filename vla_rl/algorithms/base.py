@@ -180,6 +180,21 @@ class IterationInputs:
     sync: bool = True
 
 
+def freeze_encoder(policy: Policy) -> None:
+    """Stop gradients into the policy's observation encoder (:meth:`policies.Policy.encoder_parameters`: vision
+    and language), so a learner trains the rest (``--algo.freeze_encoder``).
+
+    Raises:
+        ValueError: for a policy that does not say which parameters are its encoder.
+    """
+    encoder = policy.encoder_parameters()
+    if not encoder:
+        raise ValueError(f"algo.freeze_encoder: {type(policy).__name__} does not say which parameters are its "
+                         "observation encoder (encoder_parameters() is empty)")
+    for p in encoder:
+        p.requires_grad_(False)
+
+
 class Learner(abc.ABC):
     """An algorithm wired to a policy (see the module doc).
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from policies.base import Policy
 from sim.core import EnvSpec
 from vla_rl.algorithms.advantages import normalize_advantages
-from vla_rl.algorithms.base import Learner, LearnerConfig, SmokeLimits
+from vla_rl.algorithms.base import Learner, LearnerConfig, SmokeLimits, freeze_encoder
 from vla_rl.algorithms.losses import entropy_bonus, kl_k3, ppo_policy_loss
 from vla_rl.config import ConfigError
 from vla_rl.rollout import Rollout
@@ -91,12 +91,7 @@ class PolicyGradientLearner(Learner):
     def __init__(self, cfg: PolicyGradientConfig, policy: Policy) -> None:
         super().__init__(cfg, policy)
         if cfg.freeze_encoder:
-            encoder = policy.encoder_parameters()
-            if not encoder:
-                raise ValueError(f"algo.freeze_encoder: {type(policy).__name__} does not say which parameters "
-                                 "are its observation encoder (encoder_parameters() is empty)")
-            for p in encoder:
-                p.requires_grad_(False)
+            freeze_encoder(policy)
         groups = [{"params": policy.actor_parameters(), "lr": cfg.lr_actor, "name": "actor"}]
         groups += self.critic_param_groups(policy)
         self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)

@@ -18,7 +18,15 @@ from typing import Any, ClassVar
 import torch
 
 from policies.base import Policy
-from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
+from vla_rl.algorithms.base import (
+    IterationInputs,
+    Learner,
+    LearnerConfig,
+    Needs,
+    SmokeLimits,
+    freeze_encoder,
+    register_learner,
+)
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 from vla_rl.sft import SFTConfig, SFTUpdater
 
@@ -38,6 +46,13 @@ class SFTLearnerConfig(SFTConfig, LearnerConfig):
     iteration ends with the averaged weights in the policy: the evaluation, the checkpoint's policy and the next
     collection (RaC's rounds) use them, while the gradient steps go on from the raw iterate, which the learner's
     state keeps (as Diffusion Policy trains and evaluates; docs/benchmarks.md, "RaC: reading")."""
+
+    freeze_encoder: bool = False
+    """Keep the policy's observation encoder (:meth:`policies.Policy.encoder_parameters`: the camera CNNs, the
+    prefix transformer, the instruction embedding) as it is and train the rest: a gradient step then skips the
+    encoder's backward pass and its optimizer state (the quickstart's RL stage: 211 -> 94 ms a step of 64 rows,
+    but seed 0 ends at 0.59 instead of 0.72; docs/benchmarks.md, "Training throughput: reading"). Its forward
+    still runs on every row, augmented images included."""
 
     flags: ClassVar[str] = "algo."
 
@@ -72,6 +87,8 @@ class SFTLearner(Learner):
 
     def __init__(self, cfg: SFTLearnerConfig, policy: Policy) -> None:
         super().__init__(cfg, policy)
+        if cfg.freeze_encoder:  # before the updater collects the trainable parameters
+            freeze_encoder(policy)
         self.updater: SFTUpdater | None = None
         self._raw: list[torch.Tensor] | None = None
         """With ``cfg.ema``: the raw iterate's trainable parameters while the policy shows the averaged ones."""
