@@ -35,7 +35,9 @@ own process, for:
   it, the quickstart as it was then (Flow-SDE PPO);
 - ``now``: the code of this checkout, the quickstart's defaults;
 - ``now, PPO preset``: this checkout, ``--preset quickstart_ppo`` (the start's algorithm on today's code, so the
-  speed-up can be split into what the faster code gives and what the change of learner gives).
+  speed-up can be split into what the faster code gives and what the change of learner gives);
+- ``now, frozen encoder``: this checkout with ``--algo.freeze_encoder true`` (less work per update, other
+  learning).
 
 Each run reports its stages (demos, pre-training, RL stage with both evaluations) in its ``report.json``; a run
 folder that already holds one (``--runs`` of an earlier call) is read, not run again. The table gives each
@@ -89,6 +91,7 @@ WHOLE_RUNS: dict[str, tuple[bool, list[str]]] = {  # label -> (run the --start c
     "start": (True, []),
     "now": (False, []),
     "now, PPO preset": (False, ["--preset", "quickstart_ppo"]),
+    "now, frozen encoder": (False, ["--algo.freeze_encoder", "true"]),
 }
 """At most this many untimed iterations per variant, until ``filtered_bc``'s success buffer yields minibatches."""
 
@@ -239,11 +242,20 @@ def main() -> None:
     ap.add_argument("--start", default=START_COMMIT, help="the commit whose quickstart is the issue's start")
     ap.add_argument("--seed", type=int, default=0, help="the quickstart seed of --whole_runs")
     ap.add_argument("--runs", type=Path, default=Path("runs/throughput"), help="run folders of --whole_runs")
-    ap.add_argument("--labels", nargs="+", default=list(WHOLE_RUNS), choices=list(WHOLE_RUNS),
-                    help="which whole runs to make")
+    ap.add_argument("--labels", nargs="+", default=list(WHOLE_RUNS)[:3], choices=list(WHOLE_RUNS),
+                    help="which whole runs to make (default: the first three)")
+    ap.add_argument("--rounds", type=int, default=1, help="whole runs of every label, interleaved by round")
+    ap.add_argument("--round_labels", nargs="+", default=None, choices=list(WHOLE_RUNS),
+                    help="labels repeated in rounds after the first (default: all of --labels)")
     args = ap.parse_args()
     if args.whole_runs:
-        result = {**_load_results(), "whole_runs": whole_runs(args.start, args.seed, args.runs, args.labels)}
+        runs = whole_runs(args.start, args.seed, args.runs, args.labels, args.rounds, args.round_labels)
+        tail = f" --labels {' '.join(repr(x) for x in args.labels)}" if args.labels != list(WHOLE_RUNS)[:3] else ""
+        if args.rounds > 1:
+            tail += f" --rounds {args.rounds}"
+            if args.round_labels:
+                tail += f" --round_labels {' '.join(repr(x) for x in args.round_labels)}"
+        result = {**_load_results(), "whole_runs": {**runs, "command_tail": tail}}
         write_json(RESULTS, result, indent=2)
         md = render(result)
         print(md)
@@ -328,10 +340,11 @@ def _commit(ref: str, cwd: Path = ROOT) -> str:
                           text=True).stdout.strip()
 
 
-def whole_run(label: str, code: Path, commit: str, seed: int, runs: Path, extra: list[str]) -> dict[str, Any]:
+def whole_run(label: str, code: Path, commit: str, seed: int, runs: Path, extra: list[str],
+              round_: int = 0) -> dict[str, Any]:
     """One ``vla-rl quickstart --seed S`` of the code in ``code`` (a checkout), alone in its process; its
     report's stages, success and wall time. A run folder that holds a report is read, not run again."""
-    run_dir = runs / label.replace(", ", "-").replace(" ", "-") / f"seed{seed}"
+    run_dir = runs / label.replace(", ", "-").replace(" ", "-") / (f"seed{seed}" + (f"-r{round_}" if round_ else ""))
     report = run_dir / "report.json"
     if not report.exists():
         cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--seed", str(seed), "--run_dir", str(run_dir),
@@ -347,15 +360,18 @@ def whole_run(label: str, code: Path, commit: str, seed: int, runs: Path, extra:
         commit = (run_dir / "commit.txt").read_text().strip()
     rep = json.loads(report.read_text())
     stages = rep["stages"]
-    return {"label": label, "commit": commit, "args": extra, "seed": seed, "run_dir": str(run_dir),
+    return {"label": label, "round": round_, "commit": commit, "args": extra, "seed": seed, "run_dir": str(run_dir),
             "algorithm": rep.get("algorithm"), "env_steps": rep.get("env_steps"), "iterations": rep.get("iterations"),
             "stages_s": stages, "wall_s": rep["wall_seconds"],
             "success_before": rep["success_before"], "success_after": rep["success_after"],
             "success_after_ci": rep.get("success_after_ci"), "episodes_per_eval": rep.get("episodes_per_eval")}
 
 
-def whole_runs(start: str, seed: int, runs: Path, labels: list[str]) -> dict[str, Any]:
-    """The runs of ``labels`` (see :data:`WHOLE_RUNS`), one after the other; the start's code from a worktree."""
+def whole_runs(start: str, seed: int, runs: Path, labels: list[str], rounds: int = 1,
+               round_labels: list[str] | None = None) -> dict[str, Any]:
+    """The runs of ``labels`` (see :data:`WHOLE_RUNS`), one after the other, ``rounds`` times over (interleaved:
+    every label once per round, so that a slow hour of a shared machine falls on all of them; ``round_labels``,
+    when given, are the labels of the rounds after the first); the start's code from a worktree."""
     import tempfile
 
     head = _commit("HEAD")
@@ -369,18 +385,25 @@ def whole_runs(start: str, seed: int, runs: Path, labels: list[str]) -> dict[str
             subprocess.run(["git", "worktree", "add", "--detach", str(start_code), start], cwd=ROOT, check=True,
                            capture_output=True)
         try:
-            for label in labels:
-                from_start, extra = WHOLE_RUNS[label]
-                code = start_code if from_start else ROOT
-                commit = _commit(start) if from_start else head + ("+changes" if dirty else "")
-                rows.append(whole_run(label, code, commit, seed, runs.resolve(), extra))
+            for round_ in range(rounds):
+                for label in (labels if round_ == 0 or round_labels is None else round_labels):
+                    from_start, extra = WHOLE_RUNS[label]
+                    code = start_code if from_start else ROOT
+                    commit = _commit(start) if from_start else head + ("+changes" if dirty else "")
+                    rows.append(whole_run(label, code, commit, seed, runs.resolve(), extra, round_))
         finally:
             if start_code.exists():
                 subprocess.run(["git", "worktree", "remove", "--force", str(start_code)], cwd=ROOT, check=False)
-    base = next((r for r in rows if r["label"] == "start"), None)
-    for r in rows:
+    for r in rows:  # against the start's run of the same round
+        base = next((b for b in rows if b["label"] == "start" and b["round"] == r["round"]), None)
         r["rl_stage_vs_start"] = r["stages_s"]["rl"] / base["stages_s"]["rl"] if base else None
-    return {"date": time.strftime("%Y-%m-%d"), "seed": seed,
+    medians = {label: statistics.median(r["stages_s"]["rl"] for r in rows if r["label"] == label) for label in labels}
+    summary = [{"label": label, "runs": sum(r["label"] == label for r in rows), "rl_stage_median_s": m,
+                "rl_stage_range_s": [min(r["stages_s"]["rl"] for r in rows if r["label"] == label),
+                                     max(r["stages_s"]["rl"] for r in rows if r["label"] == label)],
+                "vs_start_median": m / medians["start"] if "start" in medians else None}
+               for label, m in medians.items()]
+    return {"date": time.strftime("%Y-%m-%d"), "seed": seed, "rounds": rounds, "summary": summary,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                        f"load average {os.getloadavg()[0]:.1f} at the end", "rows": rows}
 
@@ -389,23 +412,31 @@ def render_whole_runs(w: dict[str, Any]) -> str:
     lines = [
         "### Whole quickstart runs against the issue's start",
         "",
-        f"`python benchmarks/throughput.py --whole_runs --seed {w['seed']}`: `vla-rl quickstart --seed {w['seed']}` "
-        "run whole, each alone in its process, one after the other: the code at the start of issue 22 (from a git "
-        "worktree), this checkout's defaults, and this checkout with `--preset quickstart_ppo` (the start's learner). "
+        f"`python benchmarks/throughput.py --whole_runs --seed {w['seed']}{w.get('command_tail', '')}`: "
+        f"`vla-rl quickstart --seed {w['seed']}` "
+        "run whole, each alone in its process, one after the other, by rounds: the code at the start of issue 22 (from a git "
+        "worktree), this checkout's defaults, and this checkout with `--preset quickstart_ppo` (the start's learner) or "
+        "`--algo.freeze_encoder true` (the `--labels` listed). "
         f"{w['machine']}, {w['date']}. *RL stage* is the stage the issue times (200 iterations and the two "
         "400-episode evaluations); success on the held-out episodes of each run's own evaluation.",
         "",
-        "| run | commit | RL learner | demos s | pre-training s | RL stage s | x start | whole run s "
-        "| env steps | success before -> after |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| run | round | commit | RL learner | demos s | pre-training s | RL stage s | x start (same round) "
+        "| whole run s | env steps | success before -> after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in w["rows"]:
         st = r["stages_s"]
         vs = f"{r['rl_stage_vs_start']:.2f}" if r.get("rl_stage_vs_start") is not None else "-"
         lines.append(
-            f"| {r['label']} | {r['commit']} | {r['algorithm']} | {st['demos']:.0f} | {st['pretrain']:.0f} "
-            f"| {st['rl']:.0f} | {vs} | {r['wall_s']:.0f} | {r['env_steps']:,} "
+            f"| {r['label']} | {r.get('round', 0)} | {r['commit']} | {r['algorithm']} | {st['demos']:.0f} "
+            f"| {st['pretrain']:.0f} | {st['rl']:.0f} | {vs} | {r['wall_s']:.0f} | {r['env_steps']:,} "
             f"| {r['success_before']:.3f} -> {r['success_after']:.3f} |")
+    if w.get("summary"):
+        lines += ["", "| run | runs | RL stage s, median (range) | x start (medians) |", "|---|---|---|---|"]
+        for s in w["summary"]:
+            lo, hi = s["rl_stage_range_s"]
+            vs = f"{s['vs_start_median']:.2f}" if s.get("vs_start_median") is not None else "-"
+            lines.append(f"| {s['label']} | {s['runs']} | {s['rl_stage_median_s']:.0f} ({lo:.0f}-{hi:.0f}) | {vs} |")
     return "\n".join(lines)
 
 
