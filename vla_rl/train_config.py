@@ -205,6 +205,8 @@ class TrainConfig:
 
         if self.eval.max_tasks < 0:
             raise ValueError(f"eval.max_tasks must be >= 0 (0 = all), got {self.eval.max_tasks}")
+        if self.eval.video_episodes < 0:
+            raise ValueError(f"eval.video_episodes must be >= 0 (0 = every episode), got {self.eval.video_episodes}")
         if self.eval.protocol not in ("seeds", "per_task"):
             raise ValueError(f"eval.protocol must be 'seeds' or 'per_task', got {self.eval.protocol!r}")
         if self.eval.episodes_per_task < 1:

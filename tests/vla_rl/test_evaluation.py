@@ -77,3 +77,14 @@ def test_the_video_films_its_episodes_then_the_chunks_run_batched_with_the_same_
     assert first_calls[0] and not any(first_calls[1:]) and len(first_calls) == len(every_calls) > 3
     frames = {name: len(iio.imread(tmp_path / f"{name}.mp4")) for name in ("all", "first")}
     assert frames == {"all": 1 + 2 * len(every_calls), "first": 1 + 2}, frames  # the reset + 2 steps a chunk
+
+
+def test_a_negative_video_episodes_is_refused_naming_the_field(capsys):
+    import pytest
+
+    from vla_rl.cli import parse_config
+    from vla_rl.train_config import TrainConfig
+
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--eval.video_episodes", "-1"])
+    assert "eval.video_episodes must be >= 0" in capsys.readouterr().err
