@@ -40,19 +40,21 @@ MIN_MEAN_AFTER = 0.75
 RESULTS = ROOT / "benchmarks" / "results" / "quickstart.json"
 
 
-def run_seed(seed: int, runs: Path, extra: list[str]) -> dict:
-    """Run the quickstart for ``seed`` in ``runs/seed<seed>``; return its report plus the measured wall time."""
-    run_dir = runs / f"seed{seed}"
+def run_seed(seed: int, runs: Path, extra: list[str], code: Path = ROOT, run_dir: Path | None = None) -> dict:
+    """Run the quickstart for ``seed`` in ``run_dir`` (default ``runs/seed<seed>``) with the code of the checkout
+    ``code`` (default this one); return its report plus the measured wall time. A folder that holds a report was
+    finished by an earlier call: its report is returned with its own wall time, nothing runs."""
+    run_dir = run_dir or runs / f"seed{seed}"
     report = run_dir / "report.json"
-    if report.exists():  # finished by an earlier call: its own wall time
+    if report.exists():
         rep = json.loads(report.read_text())
         return {**rep, "wall": rep["wall_seconds"]}
     cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--seed", str(seed), "--run_dir", str(run_dir),
            "--demo_cache", str(run_dir / "demos"), *extra]
     print("$", " ".join(cmd), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(code)}
     t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env)
+    proc = subprocess.run(cmd, cwd=code, env=env)
     wall = time.perf_counter() - t
     if proc.returncode != 0 or not report.exists():
         return {"seed": seed, "failed": f"exit code {proc.returncode}", "wall": wall}

@@ -344,25 +344,22 @@ def whole_run(label: str, code: Path, commit: str, seed: int, runs: Path, extra:
               round_: int = 0) -> dict[str, Any]:
     """One ``vla-rl quickstart --seed S`` of the code in ``code`` (a checkout), alone in its process; its
     report's stages, success and wall time. A run folder that holds a report is read, not run again."""
+    from quickstart import run_seed
+
     run_dir = runs / label.replace(", ", "-").replace(" ", "-") / (f"seed{seed}" + (f"-r{round_}" if round_ else ""))
-    report = run_dir / "report.json"
-    if not report.exists():
-        cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--seed", str(seed), "--run_dir", str(run_dir),
-               "--demo_cache", str(run_dir / "demos"), *extra]
-        print(f"[{label}] {commit}: $ {' '.join(cmd)}", flush=True)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(code)}
-        proc = subprocess.run(cmd, cwd=code, env=env)
-        if proc.returncode != 0 or not report.exists():
-            raise RuntimeError(f"[{label}] the quickstart of {commit} failed (exit code {proc.returncode}); its "
-                               f"folder is {run_dir}")
+    fresh = not (run_dir / "report.json").exists()
+    if fresh:
+        print(f"[{label}] {commit}", flush=True)
+    rep = run_seed(seed, runs, extra, code=code, run_dir=run_dir)
+    if "failed" in rep:
+        raise RuntimeError(f"[{label}] the quickstart of {commit} failed ({rep['failed']}); its folder is {run_dir}")
+    if fresh:
         (run_dir / "commit.txt").write_text(commit + "\n")
     if (run_dir / "commit.txt").exists():  # the code the run was made with, not the code reading it now
         commit = (run_dir / "commit.txt").read_text().strip()
-    rep = json.loads(report.read_text())
-    stages = rep["stages"]
     return {"label": label, "round": round_, "commit": commit, "args": extra, "seed": seed, "run_dir": str(run_dir),
             "algorithm": rep.get("algorithm"), "env_steps": rep.get("env_steps"), "iterations": rep.get("iterations"),
-            "stages_s": stages, "wall_s": rep["wall_seconds"],
+            "stages_s": rep["stages"], "wall_s": rep["wall_seconds"],
             "success_before": rep["success_before"], "success_after": rep["success_after"],
             "success_after_ci": rep.get("success_after_ci"), "episodes_per_eval": rep.get("episodes_per_eval")}
 
@@ -374,7 +371,7 @@ def whole_runs(start: str, seed: int, runs: Path, labels: list[str], rounds: int
     when given, are the labels of the rounds after the first); the start's code from a worktree."""
     import tempfile
 
-    head = _commit("HEAD")
+    head, start_commit = _commit("HEAD"), _commit(start)
     # changes outside benchmarks/ (the code under test) mark the commit
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks"],
                                 cwd=ROOT, capture_output=True, text=True).stdout.strip())
@@ -389,7 +386,7 @@ def whole_runs(start: str, seed: int, runs: Path, labels: list[str], rounds: int
                 for label in (labels if round_ == 0 or round_labels is None else round_labels):
                     from_start, extra = WHOLE_RUNS[label]
                     code = start_code if from_start else ROOT
-                    commit = _commit(start) if from_start else head + ("+changes" if dirty else "")
+                    commit = start_commit if from_start else head + ("+changes" if dirty else "")
                     rows.append(whole_run(label, code, commit, seed, runs.resolve(), extra, round_))
         finally:
             if start_code.exists():
