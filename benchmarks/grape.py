@@ -123,7 +123,7 @@ def ppo(seed: int, policy: Path, base: Path, env_steps: int, episodes: int, extr
 
 def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
     """Whether the run meets issue 17's target for ``objective``, and the measured quantity."""
-    from vla_rl.grape import shared_success_steps
+    from vla_rl.grape import collisions_by_outcome, shared_success_steps
 
     b, a = r["before"], r["after"]
     kept = a["success"] >= b["success_ci"][0]
@@ -133,7 +133,11 @@ def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
     if objective == "safety":
         rb, ra = b.get("collision_rate", 0.0), a.get("collision_rate", 0.0)
         rel = (ra - rb) / rb if rb > 0 else float("nan")
-        return (rb > 0 and rel <= -0.40 and kept), f"collision rate {rb:.3f} -> {ra:.3f} ({rel:+.0%})"
+        what = f"collision rate {rb:.3f} -> {ra:.3f} ({rel:+.0%})"
+        cb, ca = collisions_by_outcome(b), collisions_by_outcome(a)
+        if cb and ca:  # a diagnostic: which outcome the colliding episodes are
+            what += "; colliding " + ", ".join(f"{k}s {cb[k][0]}/{cb[k][1]} -> {ca[k][0]}/{ca[k][1]}" for k in cb)
+        return (rb > 0 and rel <= -0.40 and kept), what
     sb, sa = b["mean_steps_success"], a["mean_steps_success"]
     if not sb or not sa:
         return False, "no successful episodes to measure steps on"

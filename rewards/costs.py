@@ -21,6 +21,10 @@ cost                     per step
 ``keypoint_obstacle``    stage-wise keypoint clearance: ``sum max(0, 0.06 - d)`` over keypoints and
                          obstacles, ``d`` their distance (m); the keypoints are the end effector,
                          and from the grasp stage on the held object too (:class:`KeypointProvider`)
+``keypoint_target``      distance of the end effector to the target object (m) until the task's
+                         first stage (reach) holds, then 0: summed, how far and how long the arm was
+                         off its object before reaching it (an arm that goes for another object never
+                         reaches, and pays on every step)
 =======================  =====================================================================
 
 Keypoints come from a :class:`KeypointProvider`; the default (:class:`PrivilegedKeypoints`) reads
@@ -229,8 +233,25 @@ def keypoint_obstacle() -> RewardTerm:
     return KeypointObstacle()
 
 
+@dataclass(frozen=True)
+class KeypointTarget:
+    """Stage-wise approach cost: ``|ee - target|`` while no task stage holds yet, else 0 (see the module doc)."""
+
+    def __call__(self, step: StepInput) -> Tensor:
+        stage = require_stages(step, "keypoint_target")
+        dist = (_xyz(step, "ee", "keypoint_target") - _xyz(step, "target", "keypoint_target")).norm(dim=-1)
+        return torch.where(stage < 1, dist, 0.0)
+
+
+@REWARDS.register("keypoint_target", help="cost: distance of the end effector to the target object before reach (m)")
+def keypoint_target() -> RewardTerm:
+    """The end effector's distance to the target object until the reach stage holds (see the module doc)."""
+    return KeypointTarget()
+
+
 COSTS: tuple[str, ...] = (
     "collision", "table_force", "path_length", "episode_steps", "joint_limit", "action_jerk", "keypoint_obstacle",
+    "keypoint_target",
 )
 """The constraint costs registered here, in the order reports list them."""
 

@@ -17,7 +17,7 @@ from sim.dataset import EpisodeRecorder
 from sim.video import VideoWriter
 from vla_core.manifest import fsync_file, write_text_atomic
 from vla_rl.data.preferences import PreferencePair, Trajectory
-from vla_rl.grape import shared_success_steps
+from vla_rl.grape import collisions_by_outcome, shared_success_steps
 from vla_rl.report import stack_times
 
 ROUND_TIMES = (
@@ -181,6 +181,10 @@ def write_align_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[s
     lines.append(f"| success | {b['success']:.3f} | {a['success']:.3f} |")
     if "collision_rate" in b:
         lines.append(f"| collision rate (episodes) | {b['collision_rate']:.3f} | {a['collision_rate']:.3f} |")
+        cb, ca = collisions_by_outcome(b), collisions_by_outcome(a)
+        if cb and ca:
+            for k in cb:
+                lines.append(f"| colliding {k}s / {k}s | {cb[k][0]} / {cb[k][1]} | {ca[k][0]} / {ca[k][1]} |")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines.append(f"| mean steps of successes | {fmt(b['mean_steps_success'])} | {fmt(a['mean_steps_success'])} |")
     states, sb, sa = shared_success_steps(b, a)

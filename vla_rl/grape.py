@@ -94,6 +94,12 @@ class GrapeSettings:
     episodes come from states the policy always fails (seed 0: 31 of 47 in one round, seed 3: 125 of 168), which
     GRAPE's pairing skips, so without it no pair ever contrasts a clean failure with a colliding one
     (docs/benchmarks.md, "GRAPE alignment: reading")."""
+    pair_within_outcome: bool = False
+    """Keep GRAPE's sampling and pairs, and also pair within each outcome of every state: its best successes
+    against its worst successes and its best failures against its worst failures (top-m against bottom-m by
+    score, so the costs decide). GRAPE's top-against-bottom pairing ranks every success above every failure, so
+    in a state with both outcomes a colliding success is chosen and never rejected; this contrasts it with a clean
+    one (pair the failures without imitating them: ``--tpo.nll_successes_only true``)."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     """The trajectory score."""
 
@@ -262,7 +268,8 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
     trajs = sample_trajectories(engine, seeds, settings, costs, max_decisions, progress)
     for t in trajs:
         score_trajectory(t, settings.score)
-    pairs = select_pairs(trajs, settings.pairs_per_state, settings.pairs_need_both_outcomes)
+    pairs = select_pairs(trajs, settings.pairs_per_state, settings.pairs_need_both_outcomes,
+                         settings.pair_within_outcome)
     paired = {p.state for p in pairs}
     return RoundData(trajs, pairs, [s for s in range(len(seeds)) if s not in paired])
 
@@ -270,7 +277,8 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
 def summarize(trajs: list[Trajectory], costs: list[str]) -> dict[str, Any]:
     """Success rate with its 95% Wilson interval, each cost's mean per episode, the collision rate (episodes
     with any collision step), the mean steps of successful episodes, and each episode's seed, success and
-    steps (``per_episode``: what :func:`shared_success_steps` pairs two evaluations by)."""
+    steps, and whether it collided when ``collision`` is among ``costs`` (``per_episode``: what
+    :func:`shared_success_steps` and :func:`collisions_by_outcome` read)."""
     n = len(trajs)
     wins = sum(t.success for t in trajs)
     lo, hi = wilson_interval(wins, n)
@@ -283,6 +291,22 @@ def summarize(trajs: list[Trajectory], costs: list[str]) -> dict[str, Any]:
     out["mean_steps"] = sum(t.steps for t in trajs) / n if n else 0.0
     out["per_episode"] = {"seed": [int(t.seed) for t in trajs], "success": [bool(t.success) for t in trajs],
                           "steps": [int(t.steps) for t in trajs]}
+    if "collision" in costs:
+        out["per_episode"]["collided"] = [bool(t.costs["collision"] > 0) for t in trajs]
+    return out
+
+
+def collisions_by_outcome(ev: dict[str, Any]) -> dict[str, tuple[int, int]] | None:
+    """``{"success": (colliding, episodes), "failure": (colliding, episodes)}`` of an evaluation (:func:`summarize`),
+    or None without per-episode collision records. A collision rate that stays flat while success rises can be
+    fewer colliding failures and more colliding successes; this tells them apart."""
+    rec = ev.get("per_episode") or {}
+    if "collided" not in rec:
+        return None
+    out = {}
+    for name, outcome in (("success", True), ("failure", False)):
+        hits = [c for ok, c in zip(rec["success"], rec["collided"]) if ok == outcome]
+        out[name] = (sum(hits), len(hits))
     return out
 
 

@@ -64,6 +64,17 @@ def test_keypoint_obstacle_is_stage_wise():
     assert cost.tolist() == pytest.approx([0.02, 0.0, 0.03], abs=1e-6)
 
 
+def test_keypoint_target_is_the_distance_to_the_target_until_reach():
+    target = [(0.5, 0.0, 0.02)] * 3
+    ee = [(0.5, 0.3, 0.02), (0.5, 0.0, 0.06), (0.9, 0.0, 0.02)]  # 30 cm off / 4 cm above / far but reached
+    sig = _scene(ee, target, [[], [], []], stage=[0.0, 0.0, 1.0])
+    cost = make_term("keypoint_target")(_step(sig))
+    assert cost.tolist() == pytest.approx([0.3, 0.04, 0.0], abs=1e-6)  # from the reach stage on it is 0
+    del sig["stage_progress"]
+    with pytest.raises(RewardTermError, match="'keypoint_target' is stage-wise.*task libero/libero_object/0"):
+        make_term("keypoint_target")(_step(sig, env_id="libero/libero_object/0"))
+
+
 def test_stage_wise_cost_on_a_task_without_stages_names_the_task():
     sig = _scene([(0, 0, 0)], [(0, 0, 0)], [[]], stage=[0.0])
     del sig["stage_progress"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vla_rl.data.preferences import Trajectory, select_pairs, write_pairs_table
-from vla_rl.grape import ScoreConfig, score_trajectory, shared_success_steps, summarize
+from vla_rl.grape import ScoreConfig, collisions_by_outcome, score_trajectory, shared_success_steps, summarize
 
 
 def _t(tid: int, state: int, score: float, success: bool, **costs: list[float]) -> Trajectory:
@@ -81,6 +81,18 @@ def test_pair_single_outcome_keeps_grapes_sampling_and_pairs_every_state():
     assert [(p.chosen.id, p.rejected.id) for p in pairs] == [(0, 5), (1, 4)]  # the clean failures over the worst
 
 
+def test_within_outcome_pairs_order_successes_and_failures_by_their_costs():
+    # state 0: clean success 5.9, colliding success 5.1; clean failure 0.9, colliding failures 0.2 and 0.1
+    trajs = [_t(0, 0, 5.9, True), _t(1, 0, 5.1, True), _t(2, 0, 0.9, False), _t(3, 0, 0.2, False),
+             _t(4, 0, 0.1, False), _t(5, 1, 0.5, False), _t(6, 1, 0.5, False)]  # state 1: two equal failures
+    grape = [(p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 1)]
+    assert grape == [(0, 4)]  # GRAPE: the best success against the worst failure; the colliding success is never rejected
+    within = [(p.state, p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 1, within_outcome=True)]
+    assert within == [(0, 0, 4), (0, 0, 1), (0, 2, 4)]  # (0, 4) once; state 1's tie gives none
+    assert [(p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 2, within_outcome=True) if p.state == 0] == [
+        (0, 4), (1, 3), (0, 1), (2, 4)]  # the failures' top-2 against bottom-2 repeat nothing new but (2, 4)
+
+
 def test_steps_on_states_solved_by_both_evaluations_separate_speed_from_harder_states():
     def traj(state: int, success: bool, steps: int) -> Trajectory:
         return Trajectory(id=state, state=state, seed=100 + state, obs={}, actions=torch.zeros(1, 1, 1), extras={},
@@ -94,3 +106,13 @@ def test_steps_on_states_solved_by_both_evaluations_separate_speed_from_harder_s
     assert shared_success_steps(before, after) == (2, 20.0, 15.0)  # on the same states: faster
     assert shared_success_steps(before, summarize([traj(0, False, 80)], [])) == (0, None, None)
     assert shared_success_steps({"success": 0.5}, after) == (0, None, None)  # a report without per-episode records
+
+
+def test_collisions_are_counted_per_outcome_from_the_per_episode_records():
+    trajs = [_t(0, 0, 5.0, True, collision=[0.0]), _t(1, 1, 5.0, True, collision=[2.0]),
+             _t(2, 2, 0.0, False, collision=[1.0]), _t(3, 3, 0.0, False, collision=[0.0, 0.0])]
+    ev = summarize(trajs, ["collision"])
+    assert ev["per_episode"]["collided"] == [False, True, True, False] and ev["collision_rate"] == 0.5
+    assert collisions_by_outcome(ev) == {"success": (1, 2), "failure": (1, 2)}
+    assert collisions_by_outcome(summarize(trajs, [])) is None  # no collision cost: no record
+

@@ -78,13 +78,17 @@ def trajectory_logp(policy: Policy, traj: Trajectory) -> Tensor:
     return logp.reshape(logp.shape[0], -1).sum()
 
 
-def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: bool = True) -> list[PreferencePair]:
+def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: bool = True,
+                 within_outcome: bool = False) -> list[PreferencePair]:
     """Pair the top-``m`` with the bottom-``m`` trajectories of each initial state by ``score``.
 
     Per state, trajectories are ranked by score (ties by id); pair ``i`` is (rank ``i`` from the top, rank
     ``i`` from the bottom) for ``i < min(m, n // 2)``, kept only when the chosen one scores strictly higher.
     A state whose trajectories all succeed or all fail gives no pair (GRAPE needs both) unless
-    ``require_both_outcomes`` is false.
+    ``require_both_outcomes`` is false. ``within_outcome`` also pairs, in every state, its successes among
+    themselves and its failures among themselves the same way (top-m against bottom-m of each outcome), so that
+    the costs order trajectories of one outcome even where the state has both; a pair already formed is not
+    repeated.
 
     Raises:
         ValueError: if ``m < 1``.
@@ -94,16 +98,20 @@ def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: boo
     by_state: dict[int, list[Trajectory]] = {}
     for t in trajs:
         by_state.setdefault(t.state, []).append(t)
-    pairs = []
+    pairs: list[PreferencePair] = []
     for state in sorted(by_state):
         group = by_state[state]
-        if require_both_outcomes and len({t.success for t in group}) < 2:
-            continue
         ranked = sorted(group, key=lambda t: (-t.score, t.id))
-        for i in range(min(m, len(ranked) // 2)):
-            best, worst = ranked[i], ranked[-1 - i]
-            if best.score > worst.score:
-                pairs.append(PreferencePair(state, best, worst))
+        groups = [] if require_both_outcomes and len({t.success for t in group}) < 2 else [ranked]
+        if within_outcome:
+            groups += [[t for t in ranked if t.success == outcome] for outcome in (True, False)]
+        seen: set[tuple[int, int]] = set()
+        for g in groups:
+            for i in range(min(m, len(g) // 2)):
+                best, worst = g[i], g[-1 - i]
+                if best.score > worst.score and (best.id, worst.id) not in seen:
+                    seen.add((best.id, worst.id))
+                    pairs.append(PreferencePair(state, best, worst))
     return pairs
 
 
