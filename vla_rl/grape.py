@@ -45,7 +45,7 @@ class ScoreConfig:
     costs: dict[str, float] = field(default_factory=dict)
     """Cost term -> ``beta_j`` in ``R_ext`` (GRAPE: 0.01 each; the presets ``configs/align_*.yaml`` set them).
     Terms: ``collision``, ``table_force``, ``path_length``, ``episode_steps``, ``joint_limit``, ``action_jerk``,
-    ``keypoint_obstacle`` (rewards/costs.py). A command-line value is merged into the preset's, so
+    ``keypoint_obstacle``, ``keypoint_target`` (rewards/costs.py). A command-line value is merged into the preset's, so
     ``--grape.score.costs '{collision: 2.0}'`` changes one weight; a weight of 0 turns a cost off."""
     thresholds: dict[str, float] = field(default_factory=dict)
     """Cost term -> ``tau_j``, the cost allowed per stage before it counts; missing terms: 0."""
