@@ -86,7 +86,7 @@ def test_within_outcome_pairs_order_successes_and_failures_by_their_costs():
     trajs = [_t(0, 0, 5.9, True), _t(1, 0, 5.1, True), _t(2, 0, 0.9, False), _t(3, 0, 0.2, False),
              _t(4, 0, 0.1, False), _t(5, 1, 0.5, False), _t(6, 1, 0.5, False)]  # state 1: two equal failures
     grape = [(p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 1)]
-    assert grape == [(0, 4)]  # GRAPE: the best success against the worst failure; the colliding success is never rejected
+    assert grape == [(0, 4)]  # GRAPE: best success against worst failure; the colliding success is never rejected
     within = [(p.state, p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 1, within_outcome=True)]
     assert within == [(0, 0, 4), (0, 0, 1), (0, 2, 4)]  # (0, 4) once; state 1's tie gives none
     assert [(p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 2, within_outcome=True) if p.state == 0] == [
