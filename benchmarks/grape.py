@@ -136,7 +136,7 @@ def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
         what = f"collision rate {rb:.3f} -> {ra:.3f} ({rel:+.0%})"
         cb, ca = collisions_by_outcome(b), collisions_by_outcome(a)
         if cb and ca:  # a diagnostic: which outcome the colliding episodes are
-            what += "; colliding " + ", ".join(f"{k}s {cb[k][0]}/{cb[k][1]} -> {ca[k][0]}/{ca[k][1]}" for k in cb)
+            what += "; colliding " + ", ".join(f"{k} {cb[k][0]}/{cb[k][1]} -> {ca[k][0]}/{ca[k][1]}" for k in cb)
         return (rb > 0 and rel <= -0.40 and kept), what
     sb, sa = b["mean_steps_success"], a["mean_steps_success"]
     if not sb or not sa:

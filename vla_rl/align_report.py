@@ -184,7 +184,7 @@ def write_align_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[s
         cb, ca = collisions_by_outcome(b), collisions_by_outcome(a)
         if cb and ca:
             for k in cb:
-                lines.append(f"| colliding {k}s / {k}s | {cb[k][0]} / {cb[k][1]} | {ca[k][0]} / {ca[k][1]} |")
+                lines.append(f"| colliding {k} / {k} | {cb[k][0]} / {cb[k][1]} | {ca[k][0]} / {ca[k][1]} |")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines.append(f"| mean steps of successes | {fmt(b['mean_steps_success'])} | {fmt(a['mean_steps_success'])} |")
     states, sb, sa = shared_success_steps(b, a)

@@ -297,14 +297,14 @@ def summarize(trajs: list[Trajectory], costs: list[str]) -> dict[str, Any]:
 
 
 def collisions_by_outcome(ev: dict[str, Any]) -> dict[str, tuple[int, int]] | None:
-    """``{"success": (colliding, episodes), "failure": (colliding, episodes)}`` of an evaluation (:func:`summarize`),
+    """``{"successes": (colliding, episodes), "failures": (colliding, episodes)}`` of an evaluation (:func:`summarize`),
     or None without per-episode collision records. A collision rate that stays flat while success rises can be
     fewer colliding failures and more colliding successes; this tells them apart."""
     rec = ev.get("per_episode") or {}
     if "collided" not in rec:
         return None
     out = {}
-    for name, outcome in (("success", True), ("failure", False)):
+    for name, outcome in (("successes", True), ("failures", False)):
         hits = [c for ok, c in zip(rec["success"], rec["collided"]) if ok == outcome]
         out[name] = (sum(hits), len(hits))
     return out

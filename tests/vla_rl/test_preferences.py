@@ -113,6 +113,6 @@ def test_collisions_are_counted_per_outcome_from_the_per_episode_records():
              _t(2, 2, 0.0, False, collision=[1.0]), _t(3, 3, 0.0, False, collision=[0.0, 0.0])]
     ev = summarize(trajs, ["collision"])
     assert ev["per_episode"]["collided"] == [False, True, True, False] and ev["collision_rate"] == 0.5
-    assert collisions_by_outcome(ev) == {"success": (1, 2), "failure": (1, 2)}
+    assert collisions_by_outcome(ev) == {"successes": (1, 2), "failures": (1, 2)}
     assert collisions_by_outcome(summarize(trajs, [])) is None  # no collision cost: no record
 
