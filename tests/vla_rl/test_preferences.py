@@ -115,4 +115,3 @@ def test_collisions_are_counted_per_outcome_from_the_per_episode_records():
     assert ev["per_episode"]["collided"] == [False, True, True, False] and ev["collision_rate"] == 0.5
     assert collisions_by_outcome(ev) == {"successes": (1, 2), "failures": (1, 2)}
     assert collisions_by_outcome(summarize(trajs, [])) is None  # no collision cost: no record
-
