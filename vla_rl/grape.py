@@ -26,8 +26,8 @@ import torch
 from policies.base import ActMode
 from rewards.costs import COSTS, STAGE_SIGNAL, check_costs
 from rewards.terms import RewardTermError, StepInput, make_term
-from sim.core import TASK, VecEnv
-from vla_rl.data.preferences import PreferencePair, Trajectory, select_pairs
+from sim.core import TASK, EnvSpec, VecEnv
+from vla_rl.data.preferences import PreferencePair, Trajectory, instruction_pairs, select_pairs
 from vla_rl.evaluation import wilson_interval
 from vla_rl.rollout import Rollout, RolloutEngine
 
@@ -100,6 +100,13 @@ class GrapeSettings:
     score, so the costs decide). GRAPE's top-against-bottom pairing ranks every success above every failure, so
     in a state with both outcomes a colliding success is chosen and never rejected; this contrasts it with a clean
     one (pair the failures without imitating them: ``--tpo.nll_successes_only true``)."""
+    instruction_pairs: int = 0
+    """Per state, this many of its best successes are also each paired against themselves under every other
+    instruction of the env (:func:`vla_rl.data.preferences.instruction_pairs`): chosen under their own
+    instruction, rejected under one that names another object, where the same motion fails. On
+    ``mujoco/pick-any`` most failures and collisions are the arm going for a cube the instruction does not name,
+    in states GRAPE's pairs cannot reach (docs/benchmarks.md, "GRAPE alignment: reading"); 0: off (GRAPE). Needs
+    an env with at least two task instructions (``mujoco/pick-any``, ``mujoco/multi``, LIBERO suites)."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     """The trajectory score."""
 
@@ -113,6 +120,8 @@ class GrapeSettings:
             raise ValueError(f"need 1 <= min_samples <= max_samples, got {self.min_samples}, {self.max_samples}")
         if self.pairs_per_state < 1:
             raise ValueError(f"pairs_per_state must be >= 1, got {self.pairs_per_state}")
+        if self.instruction_pairs < 0:
+            raise ValueError(f"instruction_pairs must be >= 0, got {self.instruction_pairs}")
 
 
 def probe_signals(env: VecEnv, seed: int) -> dict[str, torch.Tensor]:
@@ -153,6 +162,17 @@ def check_scoring(env: VecEnv, score: ScoreConfig, seed: int) -> list[str]:
         raise ValueError(f"score.stagewise: task {env.spec.env_id} declares no stage predicates; pass "
                          "--score.stagewise false to score whole episodes as one stage")
     return have
+
+
+def check_instructions(spec: EnvSpec, settings: GrapeSettings) -> list[str]:
+    """The env's distinct task instructions; raises ``ValueError`` naming the env when ``instruction_pairs`` is on
+    and it has fewer than two to swap between."""
+    instructions = [c for c in dict.fromkeys(spec.instructions) if c]
+    if settings.instruction_pairs and len(instructions) < 2:
+        raise ValueError(f"grape.instruction_pairs: {spec.env_id} declares {len(instructions)} task instruction(s); "
+                         "swapping needs at least two (a multi-task env such as mujoco/pick-any), or pass "
+                         "--grape.instruction_pairs 0")
+    return instructions
 
 
 def _trajectory(ro: Rollout, i: int, tid: int, state: int, seed: int, costs: list[str], stagewise: bool,
@@ -263,6 +283,7 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
     ``max_decisions``: decisions per episode at most (0: enough for the env's episode length).
     """
     costs = list(settings.score.active()) if costs is None else costs
+    instructions = check_instructions(engine.env.spec, settings)
     if not max_decisions:
         max_decisions = -(-engine.env.spec.max_episode_steps // engine.exec_steps) + 1
     trajs = sample_trajectories(engine, seeds, settings, costs, max_decisions, progress)
@@ -270,6 +291,11 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
         score_trajectory(t, settings.score)
     pairs = select_pairs(trajs, settings.pairs_per_state, settings.pairs_need_both_outcomes,
                          settings.pair_within_outcome)
+    if settings.instruction_pairs:
+        swaps = instruction_pairs(trajs, instructions, settings.instruction_pairs, TASK)
+        for p in swaps:
+            score_trajectory(p.rejected, settings.score)
+        pairs += swaps
     paired = {p.state for p in pairs}
     return RoundData(trajs, pairs, [s for s in range(len(seeds)) if s not in paired])
 

@@ -135,3 +135,26 @@ def test_nll_on_successes_only_orders_two_failures_without_imitating_the_better_
     assert imitated[0] > pure[0] + 1.0 and "chosen_nll" in imitated[2]
     success = _after_update(0, chosen_nll=10.0, nll_successes_only=True)
     assert success[:2] == pytest.approx(_after_update(0, chosen_nll=10.0)[:2], abs=1e-4) and "chosen_nll" in success[2]
+
+
+def test_tpo_on_instruction_pairs_binds_a_trajectory_to_its_own_instruction():
+    """A success paired against itself under another instruction (``grape.instruction_pairs``): after TPO the
+    trajectory is more likely under its own instruction than under the other, against the reference."""
+    import dataclasses
+
+    from vla_rl.data.preferences import instruction_pairs
+
+    torch.manual_seed(0)
+    policy = build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True)
+    success = _trajectory(policy, 0, seed=1, t=3)
+    pairs = instruction_pairs([success], ["pick up the red cube", "pick up the blue cube"], m=1)
+    assert len(pairs) == 1 and pairs[0].rejected.obs["task"] == ["pick up the blue cube"] * 3
+    policy.eval()
+    with torch.no_grad():
+        ref = float(trajectory_logp(policy, success) - trajectory_logp(policy, pairs[0].rejected))
+    stats = TPOLearner(TPOConfig(lr=1e-3, epochs=6, beta=1.0), policy).update(pairs)
+    with torch.no_grad():
+        gap = float(trajectory_logp(policy, success) - trajectory_logp(policy, pairs[0].rejected))
+        other = dataclasses.replace(success, obs={**success.obs, "task": ["pick up the green cube"] * 3})
+        assert torch.isfinite(trajectory_logp(policy, other))
+    assert gap - ref > MARGIN, (ref, gap, stats)

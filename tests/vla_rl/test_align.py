@@ -142,6 +142,14 @@ def test_stage_wise_scoring_on_a_task_without_stages_names_the_task():
             check_scoring(env, ScoreConfig(costs={"collision": 0.1}, stagewise=False), 0)
 
 
+def test_instruction_pairs_on_a_single_task_env_name_the_env(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run(["align", *TOY, "--env.id", "mujoco/pick-red", "--env.obs_mode", "state", "--env.wrist_camera", "false",
+             "--grape.instruction_pairs", "1", "--run_dir", str(tmp_path / "r")])
+    assert exc.value.code == 2
+    assert "grape.instruction_pairs: mujoco/pick-red declares 0 task instruction(s)" in capsys.readouterr().err
+
+
 def _backend_toy(tmp_path: Path, name: str, *args: str) -> dict:
     """One toy round whose two trajectories of one state are paired by score (no success needed)."""
     base = ["--smoke", "true", "--env.num_envs", "2", "--rounds", "1", "--states_per_round", "1",

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from vla_rl.data.preferences import Trajectory, select_pairs, write_pairs_table
+from vla_rl.data.preferences import Trajectory, instruction_pairs, select_pairs, write_pairs_table
 from vla_rl.grape import ScoreConfig, collisions_by_outcome, score_trajectory, shared_success_steps, summarize
 
 
@@ -115,3 +115,26 @@ def test_collisions_are_counted_per_outcome_from_the_per_episode_records():
     assert ev["per_episode"]["collided"] == [False, True, True, False] and ev["collision_rate"] == 0.5
     assert collisions_by_outcome(ev) == {"successes": (1, 2), "failures": (1, 2)}
     assert collisions_by_outcome(summarize(trajs, [])) is None  # no collision cost: no record
+
+
+def test_instruction_pairs_contrast_each_best_success_with_itself_under_the_other_instructions(tmp_path):
+    red, green, blue = "pick up the red cube", "pick up the green cube", "pick up the blue cube"
+    trajs = [_t(0, 0, 5.1, True), _t(1, 0, 5.9, True), _t(2, 0, 0.5, False), _t(3, 1, 0.4, False)]
+    for t in trajs:
+        t.obs = {"task": [red, red], "x": torch.arange(2)}
+    pairs = instruction_pairs(trajs, [red, green, "", blue, green], m=1)  # duplicates and empty ones are skipped
+    assert [(p.state, p.chosen.id, p.rejected.id) for p in pairs] == [(0, 1, 1), (0, 1, 1)]  # state 1: no success
+    assert [p.rejected.obs["task"] for p in pairs] == [[green, green], [blue, blue]]
+    for p in pairs:
+        assert p.chosen is trajs[1] and p.chosen.obs["task"] == [red, red]  # the original is not touched
+        assert not p.rejected.success and p.rejected.obs["x"] is p.chosen.obs["x"]
+        assert p.rejected.extras is p.chosen.extras and p.rejected.actions is p.chosen.actions
+    assert len(instruction_pairs(trajs, [red, green, blue], m=2)) == 4
+    score = ScoreConfig(lam_success=5.0)
+    for p in pairs:
+        score_trajectory(p.chosen, score), score_trajectory(p.rejected, score)
+        assert p.chosen.score - p.rejected.score == pytest.approx(5.0)  # same motion and costs: only success differs
+    df = pd.read_parquet(write_pairs_table(tmp_path / "pairs.parquet", pairs, []))
+    assert list(df.rejected_task) == [green, blue] and (df.chosen_task == red).all() and (df.chosen_id == 1).all()
+    with pytest.raises(ValueError, match="instruction pairs per state must be >= 1"):
+        instruction_pairs(trajs, [red, green], m=0)

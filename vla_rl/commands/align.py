@@ -49,7 +49,7 @@ from vla_rl.commands import COMMANDS
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
 from vla_rl.data.preferences import write_pairs_table
 from vla_rl.distributed import default_device
-from vla_rl.grape import GrapeSettings, check_scoring, preference_round, run_episodes, summarize
+from vla_rl.grape import GrapeSettings, check_instructions, check_scoring, preference_round, run_episodes, summarize
 from vla_rl.policy_factory import build_policy
 from vla_rl.rollout import RolloutEngine
 from vla_rl.run_logging import LoggingConfig, RunLogger
@@ -197,8 +197,9 @@ def _eval_env(env_cfg: EnvConfig, cfg: AlignConfig) -> VecEnv:
 
 def _scoring_costs(env: VecEnv, cfg: AlignConfig) -> list[str]:
     """The costs ``env`` reports (:func:`vla_rl.grape.check_scoring`); ConfigError for one the score needs
-    and the env lacks."""
+    and the env lacks, or for instruction pairs on an env with fewer than two instructions."""
     try:
+        check_instructions(env.spec, cfg.grape)
         return check_scoring(env, cfg.grape.score, cfg.seed)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -333,6 +334,7 @@ def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, co
     row: dict[str, Any] = {
         "round": k + 1, "trajectories": len(data.trajectories), "successes": sum(t.success for t in data.trajectories),
         "pairs": len(data.pairs), "unpaired_states": len(data.unpaired_states),
+        "instruction_pairs": sum(p.chosen.id == p.rejected.id for p in data.pairs),
         "env_steps": engine.total_env_steps - steps_before,
     }
     if not data.pairs:
@@ -362,8 +364,9 @@ def _load_pairs(round_dir: Path) -> list[Any]:
     if table.empty:
         return []
     by_id = {t.id: t for t in load_trajectories(round_dir / "trajectories.pt")}
+    # an instruction pair's two sides are one trajectory (ids equal): its video would show the same episode twice
     return [PreferencePair(int(r.state), by_id[int(r.chosen_id)], by_id[int(r.rejected_id)])
-            for r in table.itertuples()]
+            for r in table.itertuples() if int(r.chosen_id) != int(r.rejected_id)]
 
 
 def _scalars(ev: dict[str, Any]) -> dict[str, float]:

@@ -10,6 +10,7 @@ rejected ids), atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -115,14 +116,50 @@ def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: boo
     return pairs
 
 
+def instruction_pairs(trajs: Sequence[Trajectory], instructions: Sequence[str], m: int,
+                      task_key: str = "task") -> list[PreferencePair]:
+    """Pairs that contrast a success under its own instruction with the same trajectory under another instruction.
+
+    Per state, each of its ``m`` best-scored successes is chosen against a copy of itself whose decisions carry
+    another of ``instructions`` (every distinct non-empty one but its own): the same motion, which under that
+    instruction does the wrong task (on ``mujoco/pick-any``: lifts a cube the instruction does not name). The copy
+    keeps the trajectory's id, sampler extras and costs, with ``success`` false; score it before writing it. TPO on
+    such a pair raises ``log pi(tau | c) - log pi(tau | c')``: it teaches which instruction a motion belongs to,
+    which GRAPE's pairs of one instruction cannot, in states where the policy always goes for the wrong object.
+
+    Raises:
+        ValueError: if ``m < 1``.
+    """
+    if m < 1:
+        raise ValueError(f"instruction pairs per state must be >= 1, got {m}")
+    names = list(dict.fromkeys(c for c in instructions if c))
+    by_state: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        if t.success:
+            by_state.setdefault(t.state, []).append(t)
+    pairs: list[PreferencePair] = []
+    for state in sorted(by_state):
+        for t in sorted(by_state[state], key=lambda t: (-t.score, t.id))[:m]:
+            own = t.obs[task_key]
+            for c in names:
+                if c in own:
+                    continue
+                swapped = dataclasses.replace(t, obs={**t.obs, task_key: [c] * len(own)}, success=False,
+                                              score_parts={})
+                pairs.append(PreferencePair(state, t, swapped))
+    return pairs
+
+
 def pairs_rows(pairs: Sequence[PreferencePair], cost_names: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per pair: state, chosen / rejected ids, scores, successes, steps and each cost's totals."""
+    """One row per pair: state, chosen / rejected ids, scores, successes, steps, instructions (of the first
+    decision; they differ in an :func:`instruction_pairs` pair, whose ids are equal) and each cost's totals."""
     rows = []
     for p in pairs:
         row: dict[str, Any] = {"state": p.state, "seed": p.chosen.seed}
         for side, t in (("chosen", p.chosen), ("rejected", p.rejected)):
+            task = t.obs.get("task")
             row.update({f"{side}_id": t.id, f"{side}_score": t.score, f"{side}_success": t.success,
-                        f"{side}_steps": t.steps})
+                        f"{side}_steps": t.steps, f"{side}_task": str(task[0]) if task else ""})
             row.update({f"{side}_{k}": float(v) for k, v in t.score_parts.items()})
             row.update({f"{side}_cost_{c}": float(t.costs.get(c, 0.0)) for c in cost_names})
         rows.append(row)
