@@ -27,7 +27,8 @@ from policies.base import ActMode
 from rewards.costs import COSTS, STAGE_SIGNAL, check_costs
 from rewards.terms import RewardTermError, StepInput, make_term
 from sim.core import TASK, EnvSpec, VecEnv
-from vla_rl.data.preferences import PreferencePair, Trajectory, instruction_pairs, select_pairs
+from vla_rl.data.preferences import (PreferencePair, Trajectory, distinct_instructions, instruction_pairs,
+                                     select_pairs)
 from vla_rl.evaluation import wilson_interval
 from vla_rl.rollout import Rollout, RolloutEngine
 
@@ -167,7 +168,7 @@ def check_scoring(env: VecEnv, score: ScoreConfig, seed: int) -> list[str]:
 def check_instructions(spec: EnvSpec, settings: GrapeSettings) -> list[str]:
     """The env's distinct task instructions; raises ``ValueError`` naming the env when ``instruction_pairs`` is on
     and it has fewer than two to swap between."""
-    instructions = [c for c in dict.fromkeys(spec.instructions) if c]
+    instructions = distinct_instructions(spec.instructions)
     if settings.instruction_pairs and len(instructions) < 2:
         raise ValueError(f"grape.instruction_pairs: {spec.env_id} declares {len(instructions)} task instruction(s); "
                          "swapping needs at least two (a multi-task env such as mujoco/pick-any), or pass "

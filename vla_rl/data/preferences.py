@@ -79,6 +79,19 @@ def trajectory_logp(policy: Policy, traj: Trajectory) -> Tensor:
     return logp.reshape(logp.shape[0], -1).sum()
 
 
+def _ranked_by_state(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
+    """Each initial state's trajectories, best score first (ties by id), states in order."""
+    by_state: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        by_state.setdefault(t.state, []).append(t)
+    return {s: sorted(by_state[s], key=lambda t: (-t.score, t.id)) for s in sorted(by_state)}
+
+
+def distinct_instructions(instructions: Sequence[str]) -> list[str]:
+    """``instructions`` without empty ones and repeats, in order."""
+    return list(dict.fromkeys(c for c in instructions if c))
+
+
 def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: bool = True,
                  within_outcome: bool = False) -> list[PreferencePair]:
     """Pair the top-``m`` with the bottom-``m`` trajectories of each initial state by ``score``.
@@ -96,14 +109,9 @@ def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: boo
     """
     if m < 1:
         raise ValueError(f"pairs per state must be >= 1, got {m}")
-    by_state: dict[int, list[Trajectory]] = {}
-    for t in trajs:
-        by_state.setdefault(t.state, []).append(t)
     pairs: list[PreferencePair] = []
-    for state in sorted(by_state):
-        group = by_state[state]
-        ranked = sorted(group, key=lambda t: (-t.score, t.id))
-        groups = [] if require_both_outcomes and len({t.success for t in group}) < 2 else [ranked]
+    for state, ranked in _ranked_by_state(trajs).items():
+        groups = [] if require_both_outcomes and len({t.success for t in ranked}) < 2 else [ranked]
         if within_outcome:
             groups += [[t for t in ranked if t.success == outcome] for outcome in (True, False)]
         seen: set[tuple[int, int]] = set()
@@ -132,14 +140,10 @@ def instruction_pairs(trajs: Sequence[Trajectory], instructions: Sequence[str], 
     """
     if m < 1:
         raise ValueError(f"instruction pairs per state must be >= 1, got {m}")
-    names = list(dict.fromkeys(c for c in instructions if c))
-    by_state: dict[int, list[Trajectory]] = {}
-    for t in trajs:
-        if t.success:
-            by_state.setdefault(t.state, []).append(t)
+    names = distinct_instructions(instructions)
     pairs: list[PreferencePair] = []
-    for state in sorted(by_state):
-        for t in sorted(by_state[state], key=lambda t: (-t.score, t.id))[:m]:
+    for state, ranked in _ranked_by_state(trajs).items():
+        for t in [t for t in ranked if t.success][:m]:
             own = t.obs[task_key]
             for c in names:
                 if c in own:
