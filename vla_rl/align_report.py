@@ -122,16 +122,25 @@ def round_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     lo = [y - r["eval"]["success_ci"][0] for y, r in zip(ys, evals)]
     hi = [r["eval"]["success_ci"][1] - y for y, r in zip(ys, evals)]
     ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label="success (95% CI)")
+    sampled = [r for r in rows if r.get("trajectories")]
+    if sampled:  # the exploring episodes each round sampled (adaptive: a state samples until both outcomes exist)
+        ax.plot([r["round"] for r in sampled], [r["successes"] / r["trajectories"] for r in sampled], marker=".",
+                ls=":", label="success of the sampled episodes")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("round (0 = before alignment)")
     ax.set_title("Success per round")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     written.append(_save(fig, out_dir / "success.png"))
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     for cost in evals[0]["eval"]["costs"]:
         ax.plot(xs, [r["eval"]["costs"][cost] for r in evals], marker="o", label=cost)
     if "collision_rate" in evals[0]["eval"]:
         ax.plot(xs, [r["eval"]["collision_rate"] for r in evals], marker="s", ls="--", label="collision rate")
+    sampled = [r for r in rows if r.get("trajectories") and "colliding" in r]
+    if sampled:
+        ax.plot([r["round"] for r in sampled], [r["colliding"] / r["trajectories"] for r in sampled], marker=".",
+                ls=":", label="collision rate of the sampled episodes")
     ax.set_yscale("symlog", linthresh=0.01)
     ax.set_xlabel("round (0 = before alignment)")
     ax.set_title("Cost means per episode")
@@ -170,13 +179,14 @@ def write_align_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[s
              f"GRAPE alignment (`{summary['objective']}` objective) of `{summary['policy']}` on `{summary['env_id']}`, "
              f"seed {summary['seed']}, {summary['rounds']} rounds, {summary['env_steps']} env steps, "
              f"{summary['wall_seconds']:.0f} s wall-clock.", "",
-             "| round | success | 95% CI | episodes | trajectories | pairs | states without a pair |", "|---|---|---|---|---|---|---|"]
+             "| round | success | 95% CI | episodes | trajectories | sampled successes | sampled colliding | pairs | "
+             "states without a pair |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ev = r.get("eval")
         cells = (f"{ev['success']:.3f} | {ev['success_ci'][0]:.3f}-{ev['success_ci'][1]:.3f} | {ev['episodes']}"
                  if ev else "- | - | -")
-        lines.append(f"| {r['round']} | {cells} | {r.get('trajectories', '-')} | {r.get('pairs', '-')} | "
-                     f"{r.get('unpaired_states', '-')} |")
+        lines.append(f"| {r['round']} | {cells} | {r.get('trajectories', '-')} | {r.get('successes', '-')} | "
+                     f"{r.get('colliding', '-')} | {r.get('pairs', '-')} | {r.get('unpaired_states', '-')} |")
     lines += ["", "| measure | before | after |", "|---|---|---|"]
     lines.append(f"| success | {b['success']:.3f} | {a['success']:.3f} |")
     if "collision_rate" in b:

@@ -101,6 +101,10 @@ class GrapeSettings:
     score, so the costs decide). GRAPE's top-against-bottom pairing ranks every success above every failure, so
     in a state with both outcomes a colliding success is chosen and never rejected; this contrasts it with a clean
     one (pair the failures without imitating them: ``--tpo.nll_successes_only true``)."""
+    success_pairs: int = 0
+    """Per state with both outcomes, also pair each of its best ``success_pairs`` successes with one of its failures
+    (the worst first, reused in turn), so that every success of a state the policy mostly solves is chosen (and
+    imitated by RPO's NLL), where GRAPE's top-m against bottom-m uses at most ``m`` of them; 0: off (GRAPE)."""
     instruction_pairs: int = 0
     """Per state, this many of its best successes are also each paired against themselves under every other
     instruction of the env (:func:`vla_rl.data.preferences.instruction_pairs`): chosen under their own
@@ -121,6 +125,8 @@ class GrapeSettings:
             raise ValueError(f"need 1 <= min_samples <= max_samples, got {self.min_samples}, {self.max_samples}")
         if self.pairs_per_state < 1:
             raise ValueError(f"pairs_per_state must be >= 1, got {self.pairs_per_state}")
+        if self.success_pairs < 0:
+            raise ValueError(f"success_pairs must be >= 0, got {self.success_pairs}")
         if self.instruction_pairs < 0:
             raise ValueError(f"instruction_pairs must be >= 0, got {self.instruction_pairs}")
 
@@ -291,7 +297,7 @@ def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSet
     for t in trajs:
         score_trajectory(t, settings.score)
     pairs = select_pairs(trajs, settings.pairs_per_state, settings.pairs_need_both_outcomes,
-                         settings.pair_within_outcome)
+                         settings.pair_within_outcome, settings.success_pairs)
     if settings.instruction_pairs:
         swaps = instruction_pairs(trajs, instructions, settings.instruction_pairs, TASK)
         for p in swaps:

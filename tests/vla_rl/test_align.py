@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from vla_rl.align_report import load_trajectories
 from vla_rl.cli import run
 
 torch.set_num_threads(1)
@@ -35,6 +36,9 @@ def test_align_toy_run_on_mujoco_writes_rounds_trains_and_reports(tmp_path: Path
         rd = out / "rounds" / f"round_{k:03d}"
         assert row["trajectories"] == 4 and row["pairs"] == 2  # 2 states x 2 samples, one pair each
         assert row["update"]["pairs"] == 2.0 and "tpo_loss" in row["update"]
+        trajs = load_trajectories(rd / "trajectories.pt")  # the sampled episodes the row counts
+        assert row["successes"] == sum(t.success for t in trajs)
+        assert row["colliding"] == sum(t.costs["collision"] > 0 for t in trajs)
         pairs = pd.read_parquet(rd / "pairs.parquet")
         assert len(pairs) == 2 and (pairs.chosen_score > pairs.rejected_score).all()
         assert {"chosen_cost_episode_steps", "rejected_cost_path_length"} <= set(pairs.columns)
@@ -64,6 +68,9 @@ def test_align_reports_where_each_rounds_time_goes(tmp_path: Path):
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rounds = [r for r in logged if "time/update_s" in r]
     assert len(rounds) == 2 and "time/checkpoint_s" in rounds[1]  # the round before's checkpoint, carried
+    for row, logged_row in zip(summary["per_round"][1:], rounds):  # the sampled episodes' rates, as they come
+        assert logged_row["sample/success"] == row["successes"] / row["trajectories"]
+        assert logged_row["sample/collision_rate"] == row["colliding"] / row["trajectories"]
     assert (out / "plots" / "time.png").stat().st_size > 0
     assert "Where the time went over 2 rounds" in (out / "report.md").read_text()
 

@@ -93,6 +93,20 @@ def test_within_outcome_pairs_order_successes_and_failures_by_their_costs():
         (0, 4), (1, 3), (0, 1), (2, 4)]  # the failures' top-2 against bottom-2 repeat nothing new but (2, 4)
 
 
+def test_success_pairs_give_every_success_of_a_mostly_solved_state_a_failure_to_beat():
+    # state 0: four successes (5.9, 5.5, 5.2, 5.1) and two failures (0.3, 0.1); state 1: all successes
+    trajs = [_t(0, 0, 5.9, True), _t(1, 0, 5.5, True), _t(2, 0, 5.2, True), _t(3, 0, 5.1, True),
+             _t(4, 0, 0.3, False), _t(5, 0, 0.1, False), _t(6, 1, 5.0, True), _t(7, 1, 5.4, True)]
+    assert [(p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 2)] == [(0, 5), (1, 4)]  # GRAPE: 2 of 4
+    pairs = [(p.state, p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 2, success_pairs=4)]
+    # each success against a failure, the worst first and reused in turn; GRAPE's two pairs are not repeated
+    assert pairs == [(0, 0, 5), (0, 1, 4), (0, 2, 5), (0, 3, 4)]
+    assert [(p.chosen.id, p.rejected.id) for p in select_pairs(trajs, 1, success_pairs=3)] == [(0, 5), (1, 4), (2, 5)]
+    assert select_pairs(trajs[6:], 2, success_pairs=4) == []  # a state without a failure still gives none
+    with pytest.raises(ValueError, match="success pairs per state must be >= 0"):
+        select_pairs(trajs, 1, success_pairs=-1)
+
+
 def test_steps_on_states_solved_by_both_evaluations_separate_speed_from_harder_states():
     def traj(state: int, success: bool, steps: int) -> Trajectory:
         return Trajectory(id=state, state=state, seed=100 + state, obs={}, actions=torch.zeros(1, 1, 1), extras={},

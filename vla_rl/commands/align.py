@@ -274,6 +274,7 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
                 row["env_steps_total"] = env_steps
                 rows.append(row)
                 logger.log(env_steps, {**({} if row["eval"] is None else _scalars(row["eval"])),
+                                       **_sample_scalars(row),
                                        **{f"update/{a}": b for a, b in row["update"].items()},
                                        **row["time"], **carried})
                 _print_round(row)
@@ -337,6 +338,8 @@ def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, co
         "instruction_pairs": sum(p.chosen.id == p.rejected.id for p in data.pairs),
         "env_steps": engine.total_env_steps - steps_before,
     }
+    if "collision" in costs:  # the sampled (exploring) episodes that touched a non-target object
+        row["colliding"] = sum(t.costs.get("collision", 0.0) > 0 for t in data.trajectories)
     if not data.pairs:
         print(f"round {k + 1}: no pair (every state's {cfg.grape.max_samples} samples all succeeded or all failed); "
               "training skipped")
@@ -380,8 +383,18 @@ def _scalars(ev: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _sample_scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The round's sampled (exploring) episodes: their success rate and, with a collision cost, collision rate."""
+    n = max(row["trajectories"], 1)
+    out = {"sample/success": row["successes"] / n}
+    if "colliding" in row:
+        out["sample/collision_rate"] = row["colliding"] / n
+    return out
+
+
 def _print_round(row: dict[str, Any]) -> None:
-    line = (f"round {row['round']}: {row['trajectories']} trajectories ({row['successes']} successes), "
+    colliding = f", {row['colliding']} colliding" if "colliding" in row else ""
+    line = (f"round {row['round']}: {row['trajectories']} trajectories ({row['successes']} successes{colliding}), "
             f"{row['pairs']} pairs")
     if row["update"]:
         line += f", tpo loss {row['update'].get('tpo_loss', float('nan')):.4f}, accuracy {row['update'].get('accuracy', 0):.2f}"

@@ -93,7 +93,7 @@ def distinct_instructions(instructions: Sequence[str]) -> list[str]:
 
 
 def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: bool = True,
-                 within_outcome: bool = False) -> list[PreferencePair]:
+                 within_outcome: bool = False, success_pairs: int = 0) -> list[PreferencePair]:
     """Pair the top-``m`` with the bottom-``m`` trajectories of each initial state by ``score``.
 
     Per state, trajectories are ranked by score (ties by id); pair ``i`` is (rank ``i`` from the top, rank
@@ -101,26 +101,34 @@ def select_pairs(trajs: Sequence[Trajectory], m: int, require_both_outcomes: boo
     A state whose trajectories all succeed or all fail gives no pair (GRAPE needs both) unless
     ``require_both_outcomes`` is false. ``within_outcome`` also pairs, in every state, its successes among
     themselves and its failures among themselves the same way (top-m against bottom-m of each outcome), so that
-    the costs order trajectories of one outcome even where the state has both; a pair already formed is not
-    repeated.
+    the costs order trajectories of one outcome even where the state has both. ``success_pairs`` also pairs, in
+    every state with both outcomes, each of its ``success_pairs`` best successes with one of its failures (the
+    worst first, reused in turn when the state has fewer failures than successes): a state the policy mostly
+    solves then gives each of its successes to the update, where top-m against bottom-m gives at most ``m``. A
+    pair already formed is not repeated.
 
     Raises:
-        ValueError: if ``m < 1``.
+        ValueError: if ``m < 1`` or ``success_pairs < 0``.
     """
     if m < 1:
         raise ValueError(f"pairs per state must be >= 1, got {m}")
+    if success_pairs < 0:
+        raise ValueError(f"success pairs per state must be >= 0, got {success_pairs}")
     pairs: list[PreferencePair] = []
     for state, ranked in _ranked_by_state(trajs).items():
-        groups = [] if require_both_outcomes and len({t.success for t in ranked}) < 2 else [ranked]
+        both = len({t.success for t in ranked}) == 2
+        groups = [] if require_both_outcomes and not both else [ranked]
         if within_outcome:
             groups += [[t for t in ranked if t.success == outcome] for outcome in (True, False)]
+        candidates = [(g[i], g[-1 - i]) for g in groups for i in range(min(m, len(g) // 2))]
+        if success_pairs and both:
+            wins, losses = [t for t in ranked if t.success], [t for t in reversed(ranked) if not t.success]
+            candidates += [(w, losses[i % len(losses)]) for i, w in enumerate(wins[:success_pairs])]
         seen: set[tuple[int, int]] = set()
-        for g in groups:
-            for i in range(min(m, len(g) // 2)):
-                best, worst = g[i], g[-1 - i]
-                if best.score > worst.score and (best.id, worst.id) not in seen:
-                    seen.add((best.id, worst.id))
-                    pairs.append(PreferencePair(state, best, worst))
+        for best, worst in candidates:
+            if best.score > worst.score and (best.id, worst.id) not in seen:
+                seen.add((best.id, worst.id))
+                pairs.append(PreferencePair(state, best, worst))
     return pairs
 
 
