@@ -122,8 +122,9 @@ def round_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     lo = [y - r["eval"]["success_ci"][0] for y, r in zip(ys, evals)]
     hi = [r["eval"]["success_ci"][1] - y for y, r in zip(ys, evals)]
     ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label="success (95% CI)")
+    # the exploring episodes each round sampled (adaptive: a state samples until both outcomes exist)
     sampled = [r for r in rows if r.get("trajectories")]
-    if sampled:  # the exploring episodes each round sampled (adaptive: a state samples until both outcomes exist)
+    if sampled:
         ax.plot([r["round"] for r in sampled], [r["successes"] / r["trajectories"] for r in sampled], marker=".",
                 ls=":", label="success of the sampled episodes")
     ax.set_ylim(-0.02, 1.02)
@@ -137,9 +138,9 @@ def round_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         ax.plot(xs, [r["eval"]["costs"][cost] for r in evals], marker="o", label=cost)
     if "collision_rate" in evals[0]["eval"]:
         ax.plot(xs, [r["eval"]["collision_rate"] for r in evals], marker="s", ls="--", label="collision rate")
-    sampled = [r for r in rows if r.get("trajectories") and "colliding" in r]
-    if sampled:
-        ax.plot([r["round"] for r in sampled], [r["colliding"] / r["trajectories"] for r in sampled], marker=".",
+    colliding = [r for r in sampled if "colliding" in r]
+    if colliding:
+        ax.plot([r["round"] for r in colliding], [r["colliding"] / r["trajectories"] for r in colliding], marker=".",
                 ls=":", label="collision rate of the sampled episodes")
     ax.set_yscale("symlog", linthresh=0.01)
     ax.set_xlabel("round (0 = before alignment)")

@@ -339,7 +339,7 @@ def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, co
         "env_steps": engine.total_env_steps - steps_before,
     }
     if "collision" in costs:  # the sampled (exploring) episodes that touched a non-target object
-        row["colliding"] = sum(t.costs.get("collision", 0.0) > 0 for t in data.trajectories)
+        row["colliding"] = sum(t.costs["collision"] > 0 for t in data.trajectories)
     if not data.pairs:
         print(f"round {k + 1}: no pair (every state's {cfg.grape.max_samples} samples all succeeded or all failed); "
               "training skipped")
