@@ -28,7 +28,7 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   recomputed) and its mixed run; the sparse run is shared.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
-  ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``) at the same iterations and env
+  ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
   steps, each scored by the per-task protocol (``--per_task`` held-out episodes of every task; the headline is
   the mean over tasks, with its pooled 95% Wilson interval). Target: curriculum's mean over tasks above
   uniform's. Each run's ``task/<name>/success`` and ``task/<name>/weight`` curves go into the results.
@@ -63,6 +63,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -361,8 +362,15 @@ def _conditions(section: dict[str, Any]) -> str:
             f"{c.get('date', '?')}, load average {c.get('load_average_at_end', float('nan')):.1f} at the end")
 
 
+def curriculum_plot_name(key: str) -> str:
+    """The image of a curriculum results section: ``curriculum.png``, or ``curriculum-<tag slug>.png`` for a tag."""
+    tag = key.split(" (", 1)[1].rstrip(")") if " (" in key else ""
+    return f"curriculum-{re.sub(r'[^a-z0-9]+', '-', tag.lower()).strip('-')}.png" if tag else "curriculum.png"
+
+
 def plot_curriculum(section: dict[str, Any], path: Path) -> None:
-    """Per task, the recent training success of each sampler's run (seed 0), and the curriculum's task weights."""
+    """Per task, the recent training success of each sampler's run (the lowest seed), and the task weights of the
+    first sampler that is not uniform."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -525,8 +533,9 @@ def render(results: dict[str, Any]) -> str:
             before = sum(r["arms"][samplers[0]]["per_task_before"][t] for _, r in rows) / len(rows)
             cells = [sum(r["arms"][s]["per_task_after"][t] for _, r in rows) / len(rows) for s in samplers]
             out.append(f"| {t} | {before:.2f} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-        if key == "curriculum":
-            out += ["", "![per-task training success and curriculum weights, seed 0](img/curriculum.png)"]
+        if any(a.get("curves") for a in first["arms"].values()):
+            out += ["", f"![per-task training success and task weights, seed {rows[0][0]}]"
+                    f"(img/{curriculum_plot_name(key)})"]
     return "\n".join(out) + "\n"
 
 
@@ -574,12 +583,13 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench-rewards", help="models and runs go here")
     p.add_argument("--render", type=Path, default=None,
                    help="write the tables of every part in rewards.json into this file's learned-rewards section "
-                        "(docs/benchmarks.md) and the curriculum plot into docs/img/curriculum.png, then stop")
+                        "(docs/benchmarks.md) and each curriculum section's plot into docs/img/curriculum*.png, then stop")
     args = p.parse_args()
     if args.render is not None:
         results = json.loads(RESULTS.read_text())
-        if "curriculum" in results:
-            plot_curriculum(results["curriculum"], ROOT / "docs" / "img" / "curriculum.png")
+        for key in [k for k in results if k.split(" (")[0] == "curriculum"]:
+            if any(a.get("curves") for a in _by_seed(results[key])[0][1]["arms"].values()):
+                plot_curriculum(results[key], ROOT / "docs" / "img" / curriculum_plot_name(key))
         write_section(args.render, "## Learned rewards (issue 19)", render(results))
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")

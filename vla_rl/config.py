@@ -50,8 +50,9 @@ class EnvConfig:
     """What runs the env workers: ``process`` (worker processes) or ``ray`` (Ray actors, local or on the cluster of
     ``RAY_ADDRESS``; needs ``num_workers >= 1`` and the ``ray`` extra). Same episodes for the same seeds."""
     tasks: TaskSamplingConfig = field(default_factory=TaskSamplingConfig)
-    """Multi-task envs: which task each training reset plays (``--env.tasks.sampler uniform|curriculum|progress``)
-    and which tasks are held out for evaluation (``--env.tasks.holdout '[a, b]'``); see :mod:`vla_rl.curriculum`."""
+    """Multi-task envs: which task each training reset plays (``--env.tasks.sampler
+    uniform|curriculum|progress|balanced``) and which tasks are held out for evaluation (``--env.tasks.holdout
+    '[a, b]'``); see :mod:`vla_rl.curriculum`."""
 
     def has_optional_wrist_camera(self) -> bool:
         """Whether the backend of ``id`` has a wrist camera that ``wrist_camera`` switches on."""

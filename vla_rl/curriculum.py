@@ -1,4 +1,4 @@
-"""Which task each reset of a multi-task env plays: uniform, VLA-RL's curriculum, or learning progress.
+"""Which task each reset of a multi-task env plays: uniform, VLA-RL's curriculum, learning progress, or balanced.
 
 The trainer keeps one :class:`TaskCurriculum` per run. After every collection it records each ended
 episode's success under its task (``EpisodeRecord.task_index``), logs ``task/<name>/success`` (the mean
@@ -11,7 +11,13 @@ weights (:meth:`sim.core.VecEnv.schedule_tasks`) for the next iteration's resets
   (an unseen task counts as ``p = 0.5``);
 - ``progress`` (absolute learning progress, Portelas et al. 2020): ``w = floor + |p_new - p_old|``,
   the change between the older and the newer half of the task's window (an unseen or barely seen
-  task gets the largest weight, 1).
+  task gets the largest weight, 1);
+- ``balanced``: equal successes per task: ``w = 1 / (p + floor)``, so each task's expected successes per
+  reset, ``p w``, are about alike (an unseen task counts as ``p = 0``). For learners that learn from
+  successes (``filtered_bc`` imitates them; sparse-reward PPO / GRPO have no signal without them), uniform
+  sampling fills the data with the easy tasks' successes; this gives a task solved 10% of the time as many
+  as one solved 70%. ``floor`` caps a task's weight at ``1 / floor``, so a task never solved takes
+  ``1 / floor`` times the share of a solved one, not all resets.
 
 Held-out tasks (:attr:`TaskSamplingConfig.holdout`) get weight 0 in every mode. The weight functions
 are pure (:func:`curriculum_weights`, :func:`progress_weights`) and tested on hand-set success rates.
@@ -26,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-SAMPLERS = ("uniform", "curriculum", "progress")
+SAMPLERS = ("uniform", "curriculum", "progress", "balanced")
 
 
 @dataclass
@@ -35,12 +41,14 @@ class TaskSamplingConfig:
     each reset's task during training, and which tasks stay out of training."""
 
     sampler: str = "uniform"
-    """``uniform``, ``curriculum`` (VLA-RL: prefer tasks near 50% recent success) or ``progress`` (prefer
-    tasks whose success changes most); see :mod:`vla_rl.curriculum`."""
+    """``uniform``, ``curriculum`` (VLA-RL: prefer tasks near 50% recent success), ``progress`` (prefer
+    tasks whose success changes most) or ``balanced`` (equal successes per task: weight ``1 / (p + floor)``);
+    see :mod:`vla_rl.curriculum`."""
     window: int = 50
     """Recent episodes per task that its success rate (and logged ``task/<name>/success``) is computed over."""
     floor: float = 0.05
-    """Weight added to every training task, so none is starved (curriculum / progress)."""
+    """Weight added to every training task, so none is starved (curriculum / progress); with ``balanced``, added
+    to every success rate, so a task never solved gets weight ``1 / floor``, not all resets (must be > 0)."""
     holdout: list[str] = field(default_factory=list)
     """Task names (``EnvSpec.tasks``, e.g. ``libero_spatial/3`` or ``stack-red-on-green``) kept out of
     training; evaluation then runs on these tasks only."""
@@ -58,6 +66,9 @@ class TaskSamplingConfig:
             raise ValueError(f"env.tasks.window must be >= 2, got {self.window}")
         if self.floor < 0:
             raise ValueError(f"env.tasks.floor must be >= 0, got {self.floor}")
+        if self.sampler == "balanced" and self.floor <= 0:
+            raise ValueError(f"env.tasks.floor must be > 0 with env.tasks.sampler balanced (weight 1 / (p + floor)), "
+                             f"got {self.floor}")
         if self.train_init_states < 0:
             raise ValueError(f"env.tasks.train_init_states must be >= 0 (0 = all), got {self.train_init_states}")
 
@@ -90,6 +101,18 @@ def progress_weights(old: np.ndarray, new: np.ndarray, enough: np.ndarray, floor
         floor: added to every weight.
     """
     return floor + np.where(enough, np.abs(new - old), 1.0)
+
+
+def balanced_weights(success: np.ndarray, seen: np.ndarray, floor: float) -> np.ndarray:
+    """Equal-successes weights ``[T]`` (unnormalized): ``1 / (p + floor)``, unseen tasks at ``p = 0``.
+
+    Args:
+        success: ``[T]`` recent success rate per task in ``[0, 1]``.
+        seen: ``[T]`` bool, whether the task has any recorded episode.
+        floor: added to every rate (> 0): caps a weight at ``1 / floor``.
+    """
+    p = np.where(seen, np.clip(success, 0.0, 1.0), 0.0)
+    return 1.0 / (p + floor)
 
 
 class TaskCurriculum:
@@ -145,6 +168,9 @@ class TaskCurriculum:
                     items = list(h)
                     old[i], new[i], enough[i] = np.mean(items[:half]), np.mean(items[half:]), True
             w = progress_weights(old, new, enough, self.cfg.floor)
+        elif self.cfg.sampler == "balanced":
+            rate, seen = self.success()
+            w = balanced_weights(rate, seen, self.cfg.floor)
         else:
             w = np.ones(len(self.tasks))
         w = w * self.train_mask

@@ -14,7 +14,14 @@ from sim import EnvSpec, TensorSpec, make_env
 from sim.tasks import TASK_INDEX
 from vla_rl.cli import parse_config
 from vla_rl.config import ConfigError
-from vla_rl.curriculum import TaskCurriculum, TaskSamplingConfig, curriculum_weights, progress_weights, spread
+from vla_rl.curriculum import (
+    TaskCurriculum,
+    TaskSamplingConfig,
+    balanced_weights,
+    curriculum_weights,
+    progress_weights,
+    spread,
+)
 from vla_rl.evaluation import evaluate_per_task
 from vla_rl.smoke import apply_smoke
 from vla_rl.train_config import TrainConfig
@@ -46,6 +53,18 @@ def test_progress_prefers_tasks_whose_success_changes():
     w = cur.weights()  # task 3 unseen: weight 1
     np.testing.assert_allclose(w, np.array([1.0, 0.0, 0.2, 1.0]) / 2.2)
     np.testing.assert_allclose(progress_weights(np.array([0.2]), np.array([0.5]), np.array([True]), 0.1), [0.4])
+
+
+def test_balanced_gives_each_task_about_equal_successes():
+    rates = [0.7, 0.1, 0.3, 0.0]
+    w = _fed("balanced", rates, floor=0.05, holdout=["d"]).weights()
+    np.testing.assert_allclose(w, np.array([1 / 0.75, 1 / 0.15, 1 / 0.35, 0.0]) / (1 / 0.75 + 1 / 0.15 + 1 / 0.35))
+    expected = np.array(rates[:3]) * w[:3]  # successes per reset, per task
+    assert expected.max() / expected.min() < 1.5  # uniform: 0.7 / 0.1 = 7; here (0.7 / 0.75) / (0.1 / 0.15) = 1.4
+    raw = balanced_weights(np.array([0.5, 0.9]), np.array([False, True]), floor=0.1)
+    np.testing.assert_allclose(raw, [10.0, 1.0])  # an unseen task counts as p = 0: the cap 1 / floor
+    with pytest.raises(ValueError, match="env.tasks.floor must be > 0 with env.tasks.sampler balanced"):
+        TaskSamplingConfig(sampler="balanced", floor=0.0)
 
 
 def test_uniform_and_holdout():
