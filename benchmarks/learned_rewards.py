@@ -500,7 +500,7 @@ def render(results: dict[str, Any]) -> str:
                 f"sampler for {first['iterations']} "
                 "iterations (the same env steps), each scored by the per-task protocol "
                 f"({first['episodes_per_task']} held-out episodes of every task; success = the mean over tasks, "
-                f"pooled 95% Wilson interval). {_conditions(sec)}.", "",
+                f"pooled 95% Wilson interval). {_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""), "",
                 "| seed | sampler | before [95% CI] | after [95% CI] | vs uniform | env steps | gradient steps | wall s |",
                 "|---:|---|---|---|---:|---:|---:|---:|"]
         for seed, r in rows:
