@@ -24,6 +24,10 @@ states solved before and after, a diagnostic). Writes ``benchmarks/results/grape
 ``--rescore --runs DIR [--seeds ...] [--objectives ...]`` runs no alignment: it re-evaluates the starting and
 final policies of finished runs whose reports predate per-episode records, adds the records and re-derives
 those rows of ``grape.json``.
+
+``--render [--results FILE] [--write FILE]`` runs nothing: it re-writes the ``## GRAPE alignment`` section (default
+of ``docs/benchmarks.md``) from a results file, e.g. one assembled from several sessions' rows, whose ``command``
+and ``conditions`` then say how they were measured.
 """
 
 from __future__ import annotations
@@ -199,8 +203,14 @@ def main() -> None:
     parser.add_argument("--rescore", action="store_true", help="run nothing new: add per-episode records to the "
                         "finished runs under --runs whose reports lack them (re-evaluating their starting and final "
                         "policies), then re-derive the rows of --results for --seeds / --objectives")
+    parser.add_argument("--render", action="store_true", help="run nothing: re-write the markdown section of "
+                        "--write (default docs/benchmarks.md) from --results")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.render:
+        result = json.loads(args.results.read_text())
+        write_section(args.write or ROOT / "docs" / "benchmarks.md", SECTION, section(result))
+        return
     if args.rescore:
         rescore(args)
         return
@@ -282,19 +292,29 @@ def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict
               "conditions": conditions, "command": cmd}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.results, result, indent=2)
-    body = "\n".join([
-        f"`{cmd}`: `vla-rl align` (presets `align_<objective>`{', plus ' + ' '.join(extra) if extra else ''}) from "
-        "the quickstart's pre-trained policy on `mujoco/pick-any` (`vla-rl quickstart --iterations 0`), per seed and "
-        f"objective, evaluated on {args.episodes} held-out episodes before and after (deterministic policy, 95% Wilson "
-        f"CI), and PPO with the quickstart's settings for the env steps of the task alignment. {conditions}. "
-        "Measurements on this shared machine are noisy; wall times are of each command alone in its process.",
-        "", table(rows, ppo_rows), "",
-        f"Targets met: {sum(r['target_met'] for r in rows)} of {len(rows)} runs. Numbers: `benchmarks/results/grape.json`.",
-    ])
+    body = section(result)
     print("\n" + body)
     if args.write is not None:
         write_section(args.write, SECTION, body)
         print(f"\nwrote {args.write}")
+
+
+def section(result: dict[str, Any]) -> str:
+    """The markdown section of a ``grape.json`` (what :func:`publish` writes, and ``--render`` re-writes)."""
+    extra, rows = result["align_args"], result["runs"]
+    ppo_rows = {int(k): v for k, v in result.get("ppo", {}).items()}
+    plus = f", plus {' '.join(extra)}" if extra else ""
+    met = sum(r["target_met"] for r in rows)
+    return "\n".join([
+        f"`{result['command']}`: `vla-rl align` (presets `align_<objective>`{plus}) "
+        "from the quickstart's pre-trained policy on `mujoco/pick-any` (`vla-rl quickstart --iterations 0`), per seed "
+        f"and objective, evaluated on {result['episodes']} held-out episodes before and after (deterministic policy, "
+        "95% Wilson CI), and PPO with the quickstart's settings for the env steps of the task alignment. "
+        f"{result['conditions']}. Measurements on this shared machine are noisy; wall times are of each command alone "
+        "in its process.",
+        "", table(rows, ppo_rows), "",
+        f"Targets met: {met} of {len(rows)} runs. Numbers: `benchmarks/results/grape.json`.",
+    ])
 
 
 if __name__ == "__main__":
