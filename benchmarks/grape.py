@@ -313,7 +313,8 @@ def section(result: dict[str, Any]) -> str:
         f"{result['conditions']}. Measurements on this shared machine are noisy; wall times are of each command alone "
         "in its process.",
         "", table(rows, ppo_rows), "",
-        f"Targets met: {met} of {len(rows)} runs. Numbers: `benchmarks/results/grape.json`.",
+        f"Targets met: {met} of {len(rows)} runs. Numbers: `benchmarks/results/grape.json`; rendered by `python "
+        "benchmarks/grape.py --render`.",
     ])
 
 
