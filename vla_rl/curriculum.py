@@ -17,10 +17,11 @@ weights (:meth:`sim.core.VecEnv.schedule_tasks`) for the next iteration's resets
   successes (``filtered_bc`` imitates them; sparse-reward PPO / GRPO have no signal without them), uniform
   sampling fills the data with the easy tasks' successes; this gives a task solved 10% of the time as many
   as one solved 70%. ``floor`` caps a task's weight at ``1 / floor``, so a task never solved takes
-  ``1 / floor`` times the share of a solved one, not all resets.
+  about ``1 / floor`` times the share of one always solved, not all resets.
 
 Held-out tasks (:attr:`TaskSamplingConfig.holdout`) get weight 0 in every mode. The weight functions
-are pure (:func:`curriculum_weights`, :func:`progress_weights`) and tested on hand-set success rates.
+are pure (:func:`curriculum_weights`, :func:`progress_weights`, :func:`balanced_weights`) and tested on
+hand-set success rates.
 """
 
 from __future__ import annotations
