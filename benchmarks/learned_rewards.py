@@ -368,6 +368,16 @@ def curriculum_plot_name(key: str) -> str:
     return f"curriculum-{re.sub(r'[^a-z0-9]+', '-', tag.lower()).strip('-')}.png" if tag else "curriculum.png"
 
 
+def curriculum_keys(results: dict[str, Any]) -> list[str]:
+    """The curriculum sections of ``rewards.json`` (``curriculum`` and ``curriculum (<tag>)``)."""
+    return [k for k in results if k.split(" (")[0] == "curriculum"]
+
+
+def has_curves(section: dict[str, Any]) -> bool:
+    """Whether the lowest seed of a curriculum section logged per-task curves (what :func:`plot_curriculum` draws)."""
+    return any(a.get("curves") for a in _by_seed(section)[0][1]["arms"].values())
+
+
 def plot_curriculum(section: dict[str, Any], path: Path) -> None:
     """Per task, the recent training success of each sampler's run (the lowest seed), and the task weights of the
     first sampler that is not uniform."""
@@ -376,7 +386,7 @@ def plot_curriculum(section: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    row = section["seeds"][min(section["seeds"], key=int)]
+    row = _by_seed(section)[0][1]
     arms = row["arms"]
     fig, axes = plt.subplots(1, len(arms) + 1, figsize=(4.2 * (len(arms) + 1), 3.4), squeeze=False)
     for ax, (sampler, arm) in zip(axes[0], arms.items()):
@@ -489,7 +499,7 @@ def render(results: dict[str, Any]) -> str:
             out.append(f"| {seed} | {r['start']:.3f} | {r['sparse_final']:.3f} | {'yes' if r['sparse_improved'] else 'no'} | "
                        f"{r['sparse_steps']:,} | {r['mixed_final']:.3f} | "
                        f"{'-' if reached is None else f'{reached:,}'} | {r['step_ratio']:.2f} | {_yes(r)} |")
-    for key in [k for k in results if k.split(" (")[0] == "curriculum"]:
+    for key in curriculum_keys(results):
         sec = results[key]
         rows = _by_seed(sec)
         first = rows[0][1]
@@ -500,7 +510,8 @@ def render(results: dict[str, Any]) -> str:
                 f"sampler for {first['iterations']} "
                 "iterations (the same env steps), each scored by the per-task protocol "
                 f"({first['episodes_per_task']} held-out episodes of every task; success = the mean over tasks, "
-                f"pooled 95% Wilson interval). {_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""), "",
+                f"pooled 95% Wilson interval). {_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""),
+                "",
                 "| seed | sampler | before [95% CI] | after [95% CI] | vs uniform | env steps | gradient steps | wall s |",
                 "|---:|---|---|---|---:|---:|---:|---:|"]
         for seed, r in rows:
@@ -533,7 +544,7 @@ def render(results: dict[str, Any]) -> str:
             before = sum(r["arms"][samplers[0]]["per_task_before"][t] for _, r in rows) / len(rows)
             cells = [sum(r["arms"][s]["per_task_after"][t] for _, r in rows) / len(rows) for s in samplers]
             out.append(f"| {t} | {before:.2f} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-        if any(a.get("curves") for a in first["arms"].values()):
+        if has_curves(sec):
             out += ["", f"![per-task training success and task weights, seed {rows[0][0]}]"
                     f"(img/{curriculum_plot_name(key)})"]
     return "\n".join(out) + "\n"
@@ -583,12 +594,13 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench-rewards", help="models and runs go here")
     p.add_argument("--render", type=Path, default=None,
                    help="write the tables of every part in rewards.json into this file's learned-rewards section "
-                        "(docs/benchmarks.md) and each curriculum section's plot into docs/img/curriculum*.png, then stop")
+                        "(docs/benchmarks.md) and each curriculum section's plot into docs/img/curriculum*.png, then "
+                        "stop")
     args = p.parse_args()
     if args.render is not None:
         results = json.loads(RESULTS.read_text())
-        for key in [k for k in results if k.split(" (")[0] == "curriculum"]:
-            if any(a.get("curves") for a in _by_seed(results[key])[0][1]["arms"].values()):
+        for key in curriculum_keys(results):
+            if has_curves(results[key]):
                 plot_curriculum(results[key], ROOT / "docs" / "img" / curriculum_plot_name(key))
         write_section(args.render, "## Learned rewards (issue 19)", render(results))
         return
