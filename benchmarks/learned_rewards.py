@@ -283,6 +283,12 @@ def gradient_steps(rows: list[dict[str, Any]]) -> int:
     return int(sum(r.get("update/steps", 0) or 0 for r in rows))
 
 
+def rl_seconds(rows: list[dict[str, Any]]) -> float:
+    """The seconds a run's RL iterations took (``time/iteration_s`` of its :func:`metrics` rows, summed): unlike the
+    report's wall time, this covers every segment of a run that was resumed."""
+    return float(sum(r.get("time/iteration_s", 0.0) or 0.0 for r in rows))
+
+
 def task_curves(rows: list[dict[str, Any]], every: int = 20) -> dict[str, list[tuple[int, float, float]]]:
     """``{task: [(env steps, recent training success, sampling weight)]}`` from a run's ``task/*`` scalars (its
     :func:`metrics` rows), every ``every``-th iteration and the last."""
@@ -325,7 +331,7 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
             "after_ci": s["success_after_ci"], "episodes": s["episodes_per_eval"], "env_steps": s["env_steps"],
             "per_task_before": {t: r["success"] for t, r in s["per_task_before"].items()},
             "per_task_after": {t: r["success"] for t, r in s["per_task_after"].items()},
-            "gradient_steps": gradient_steps(logged), "wall_s": s["wall_seconds"],
+            "gradient_steps": gradient_steps(logged), "wall_s": s["wall_seconds"], "rl_s": rl_seconds(logged),
             "curves": task_curves(logged)}
     base = rows.get("uniform")
     out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,
@@ -503,6 +509,7 @@ def render(results: dict[str, Any]) -> str:
         sec = results[key]
         rows = _by_seed(sec)
         first = rows[0][1]
+        rl = all("rl_s" in a for _, r in rows for a in r["arms"].values())  # RL seconds over resumed segments
         out += ["", f"### Curriculum task selection{_variant(key)}", "",
                 f"`--parts curriculum`: the quickstart's pipeline on `mujoco/multi` (12 tasks: 3 pick, 3 push, 6 "
                 f"stack): {first['demos']} expert demos, {first['sft_steps']} steps of imitation, then from that one pre-trained start one "
@@ -512,15 +519,15 @@ def render(results: dict[str, Any]) -> str:
                 f"({first['episodes_per_task']} held-out episodes of every task; success = the mean over tasks, "
                 f"pooled 95% Wilson interval). {_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""),
                 "",
-                "| seed | sampler | before [95% CI] | after [95% CI] | vs uniform | env steps | gradient steps | wall s |",
-                "|---:|---|---|---|---:|---:|---:|---:|"]
+                "| seed | sampler | before [95% CI] | after [95% CI] | vs uniform | env steps | gradient steps | wall s |"
+                + (" RL s, all segments |" if rl else ""), "|---:|---|---|---|---:|---:|---:|---:|" + ("---:|" if rl else "")]
         for seed, r in rows:
             base = r["arms"].get("uniform")
             for sampler, a in r["arms"].items():
                 diff = f"{a['after'] - base['after']:+.3f}" if base is not None and sampler != "uniform" else "-"
                 out.append(f"| {seed} | {sampler} | {a['before']:.3f} {_ci(a['before_ci'])} | {a['after']:.3f} "
                            f"{_ci(a['after_ci'])} | {diff} | {a['env_steps']:,} | {a.get('gradient_steps', '-')} | "
-                           f"{a['wall_s']:.0f} |")
+                           f"{a['wall_s']:.0f} |" + (f" {a['rl_s']:.0f} |" if rl else ""))
         samplers = list(first["arms"])
         if len(rows) > 1:  # pooled over seeds: equal episodes per task and seed, so the pooled rate is the mean
             out += ["", f"Pooled over seeds {', '.join(s for s, _ in rows)} (mean over tasks and seeds, 95% Wilson "

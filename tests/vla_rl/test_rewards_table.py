@@ -1,0 +1,57 @@
+"""The learned-rewards tables (``docs/benchmarks.md``) are what ``benchmarks/learned_rewards.py --render`` makes of
+``benchmarks/results/rewards.json``, so the numbers in the docs can be traced to the results file; a curriculum run
+resumed in segments is timed over all of them."""
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(_ROOT / "benchmarks"))
+_spec = importlib.util.spec_from_file_location("rewards_bench", _ROOT / "benchmarks" / "learned_rewards.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+_TITLE = "## Learned rewards (issue 19)"
+
+
+def _docs_section(text: str, title: str) -> str:
+    body = text.split(f"\n{title}\n", 1)[1]
+    return body.split("\n## ", 1)[0].strip("\n")
+
+
+def _results() -> dict:
+    return json.loads(bench.RESULTS.read_text())
+
+
+def test_docs_tables_are_rendered_from_the_results_file():
+    results = _results()
+    docs = _docs_section((_ROOT / "docs" / "benchmarks.md").read_text(), _TITLE)
+    assert docs == bench.render(results).strip("\n")
+    assert bench.curriculum_keys(results), "rewards.json holds no curriculum section"
+
+
+def test_rl_seconds_sum_every_segment_of_a_resumed_run():
+    first = [{"step": 0, "eval/success": 0.2}, {"step": 768, "time/iteration_s": 7.0, "time/eval_s": 1.0},
+             {"step": 1536, "time/iteration_s": 8.0}]
+    resumed = [{"step": 2304, "time/iteration_s": 9.5}, {"step": 3072, "time/iteration_s": None}]
+    assert bench.rl_seconds(first) == 15.0
+    assert bench.rl_seconds(first + resumed) == 24.5
+
+
+def test_curriculum_table_shows_rl_seconds_only_when_every_arm_has_them():
+    results = _results()
+    key = bench.curriculum_keys(results)[-1]
+    section = copy.deepcopy(results[key])
+    only = {key: section}
+    assert "RL s, all segments" not in bench.render(only)
+    for row in section["seeds"].values():
+        for arm in row["arms"].values():
+            arm["rl_s"] = 1234.0
+    table = bench.render(only)
+    assert "RL s, all segments |" in table and "| 1234 |" in table
+    first_arm = next(iter(next(iter(section["seeds"].values()))["arms"].values()))
+    del first_arm["rl_s"]
+    assert "RL s, all segments" not in bench.render(only)
