@@ -303,10 +303,12 @@ def task_curves(rows: list[dict[str, Any]], every: int = 20) -> dict[str, list[t
 
 
 def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos: int, sft_steps: int,
-                    samplers: list[str], min_buffer: int = 64) -> dict[str, Any]:
+                    samplers: list[str], min_buffer: int = 64, preset: str = "") -> dict[str, Any]:
     """The quickstart's pipeline on ``mujoco/multi`` (12 tasks: pick, push, stack), one pre-trained start, then
     one RL stage per task sampler at the same iterations (so the same env steps), each scored by the per-task
-    protocol (``per_task`` episodes of every task, the headline is the mean over tasks)."""
+    protocol (``per_task`` episodes of every task, the headline is the mean over tasks). ``preset``: the
+    quickstart preset whose RL stage runs (empty: the default, ``filtered_bc`` with ``min_buffer``;
+    ``quickstart_ppo``: Flow-SDE PPO, the learner VLA-RL's curriculum was made for)."""
     from vla_rl.commands.quickstart import _quickstart_env
     from vla_rl.curriculum import TaskSamplingConfig
     from vla_rl.sft import SFTConfig
@@ -320,10 +322,10 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
         done = run_dir / "report.json"  # a finished run of the same length is kept (add samplers to a seed later)
         s = json.loads(done.read_text()) if done.exists() else {}
         if s.get("iterations") != iterations:
-            s = quickstart_run(seed, run_dir, None, iterations, 0, sft_from=first, preset="", env=env,
+            s = quickstart_run(seed, run_dir, None, iterations, 0, sft_from=first, env=env,
                                per_task=per_task, eval_episodes=12 * per_task, demos=demos,
                                sft=SFTConfig(steps=sft_steps, episodes=demos),
-                               algo={"min_buffer": min_buffer})
+                               preset=preset, algo=None if preset else {"min_buffer": min_buffer})
         first = first or run_dir
         logged = metrics(run_dir)
         rows[sampler] = {  # per_task protocol: success is the mean over tasks, the interval pooled (equal counts)
@@ -335,7 +337,7 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
             "curves": task_curves(logged)}
     base = rows.get("uniform")
     out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,
-                               "demos": demos, "sft_steps": sft_steps, "min_buffer": min_buffer, "arms": rows,
+                               "demos": demos, "sft_steps": sft_steps, "min_buffer": min_buffer, "preset": preset, "arms": rows,
                                "wall_s": time.perf_counter() - t0}
     if base is not None:
         for sampler, row in rows.items():
@@ -372,6 +374,13 @@ def curriculum_plot_name(key: str) -> str:
     """The image of a curriculum results section: ``curriculum.png``, or ``curriculum-<tag slug>.png`` for a tag."""
     tag = key.split(" (", 1)[1].rstrip(")") if " (" in key else ""
     return f"curriculum-{re.sub(r'[^a-z0-9]+', '-', tag.lower()).strip('-')}.png" if tag else "curriculum.png"
+
+
+def _curriculum_learner(row: dict[str, Any]) -> str:
+    """What a curriculum row's RL stage was, for its section's text."""
+    if row.get("preset"):
+        return f"the `{row['preset']}` preset's learner, `vla-rl quickstart --preset {row['preset']}`"
+    return f"the quickstart's default `filtered_bc`, `min_buffer` {row.get('min_buffer', 256)}"
 
 
 def curriculum_keys(results: dict[str, Any]) -> list[str]:
@@ -513,7 +522,7 @@ def render(results: dict[str, Any]) -> str:
         out += ["", f"### Curriculum task selection{_variant(key)}", "",
                 f"`--parts curriculum`: the quickstart's pipeline on `mujoco/multi` (12 tasks: 3 pick, 3 push, 6 "
                 f"stack): {first['demos']} expert demos, {first['sft_steps']} steps of imitation, then from that one pre-trained start one "
-                f"RL stage (the quickstart's default `filtered_bc`, `min_buffer` {first.get('min_buffer', 256)}) per task "
+                f"RL stage ({_curriculum_learner(first)}) per task "
                 f"sampler for {first['iterations']} "
                 "iterations (the same env steps), each scored by the per-task protocol "
                 f"({first['episodes_per_task']} held-out episodes of every task; success = the mean over tasks, "
@@ -589,6 +598,10 @@ def main() -> None:
     p.add_argument("--curriculum_iterations", type=int, default=120, help="curriculum: RL iterations per sampler")
     p.add_argument("--curriculum_demos", type=int, default=200, help="curriculum: expert demos for pre-training")
     p.add_argument("--curriculum_sft_steps", type=int, default=2000, help="curriculum: pre-training steps")
+    p.add_argument("--curriculum_preset", default="",
+                   help="curriculum: the quickstart preset of the RL stage (empty: filtered_bc; quickstart_ppo: "
+                        "Flow-SDE PPO); the pre-trained start is the default preset's, reused from a run folder "
+                        "under --out when there is one")
     p.add_argument("--curriculum_min_buffer", type=int, default=64,
                    help="curriculum: filtered_bc's min_buffer (the quickstart's 256 took a 0.03 start 120 "
                         "iterations without one update)")
@@ -627,7 +640,8 @@ def main() -> None:
                                           args.start_success, "ppo" if part == "ppo-classifier" else "filtered_bc")
             elif part == "curriculum":
                 row = part_curriculum(seed, out, args.curriculum_iterations, args.per_task, args.curriculum_demos,
-                                      args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer)
+                                      args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer,
+                                      args.curriculum_preset)
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, args.start_success, args.prm, args.film,
