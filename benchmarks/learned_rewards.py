@@ -278,8 +278,11 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
             "ok": target > start_high and reached is not None and ratio <= 0.6}
 
 
-def gradient_steps(rows: list[dict[str, Any]]) -> int:
-    """The gradient steps a run's RL stage took (``update/steps`` of its :func:`metrics` rows, summed)."""
+def gradient_steps(rows: list[dict[str, Any]]) -> int | None:
+    """The gradient steps a run's RL stage took (``update/steps`` of its :func:`metrics` rows, summed); None for a
+    learner that does not log them (PPO)."""
+    if not any("update/steps" in r for r in rows):
+        return None
     return int(sum(r.get("update/steps", 0) or 0 for r in rows))
 
 
@@ -354,6 +357,10 @@ def _by_seed(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 def _variant(key: str) -> str:
     """`` (classifier-v2)`` for a results section of a classifier variant (``--classifier``), else empty."""
     return f" ({key.split(' (', 1)[1]}" if " (" in key else ""
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _yes(row: dict[str, Any]) -> str:
@@ -535,7 +542,7 @@ def render(results: dict[str, Any]) -> str:
             for sampler, a in r["arms"].items():
                 diff = f"{a['after'] - base['after']:+.3f}" if base is not None and sampler != "uniform" else "-"
                 out.append(f"| {seed} | {sampler} | {a['before']:.3f} {_ci(a['before_ci'])} | {a['after']:.3f} "
-                           f"{_ci(a['after_ci'])} | {diff} | {a['env_steps']:,} | {a.get('gradient_steps', '-')} | "
+                           f"{_ci(a['after_ci'])} | {diff} | {a['env_steps']:,} | {_or_dash(a.get('gradient_steps'))} | "
                            f"{a['wall_s']:.0f} |" + (f" {a['rl_s']:.0f} |" if rl else ""))
         samplers = list(first["arms"])
         if len(rows) > 1:  # pooled over seeds: equal episodes per task and seed, so the pooled rate is the mean
