@@ -607,8 +607,8 @@ def main() -> None:
     p.add_argument("--curriculum_sft_steps", type=int, default=2000, help="curriculum: pre-training steps")
     p.add_argument("--curriculum_preset", default="",
                    help="curriculum: the quickstart preset of the RL stage (empty: filtered_bc; quickstart_ppo: "
-                        "Flow-SDE PPO); the pre-trained start is the default preset's, reused from a run folder "
-                        "under --out when there is one")
+                        "Flow-SDE PPO); the pre-trained start is the sft_policy already in the first sampler's run "
+                        "folder under --out (copy one there to share another section's start), else that preset's")
     p.add_argument("--curriculum_min_buffer", type=int, default=64,
                    help="curriculum: filtered_bc's min_buffer (the quickstart's 256 took a 0.03 start 120 "
                         "iterations without one update)")
