@@ -70,10 +70,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_report import write_json, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_report, also when imported rather than run as a script
 sys.path.insert(0, str(ROOT))
+
+from bench_report import write_json, write_section  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "rewards.json"
 NOISE = [0.0, 0.5, 1.0, 2.0]
@@ -340,8 +342,8 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
             "curves": task_curves(logged)}
     base = rows.get("uniform")
     out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,
-                               "demos": demos, "sft_steps": sft_steps, "min_buffer": min_buffer, "preset": preset, "arms": rows,
-                               "wall_s": time.perf_counter() - t0}
+                               "demos": demos, "sft_steps": sft_steps, "min_buffer": min_buffer, "preset": preset,
+                               "arms": rows, "wall_s": time.perf_counter() - t0}
     if base is not None:
         for sampler, row in rows.items():
             if sampler != "uniform":

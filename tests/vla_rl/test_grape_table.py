@@ -1,24 +1,17 @@
 """The published GRAPE table (``docs/benchmarks.md``) is what ``benchmarks/grape.py --render`` makes of
 ``benchmarks/results/grape.json``, so the numbers in the docs can be traced to the results file."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("grape_bench", _ROOT / "benchmarks" / "grape.py")
-grape = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(grape)
+from tests.benchmarks import ROOT as _ROOT
+from tests.benchmarks import docs_section, load_benchmark
 
-
-def _docs_section(text: str, title: str) -> str:
-    body = text.split(f"\n{title}\n", 1)[1]
-    return body.split("\n## ", 1)[0].strip("\n")
+grape = load_benchmark("grape")
 
 
 def test_docs_table_is_rendered_from_the_results_file():
     result = json.loads((_ROOT / "benchmarks" / "results" / "grape.json").read_text())
-    docs = _docs_section((_ROOT / "docs" / "benchmarks.md").read_text(), grape.SECTION)
+    docs = docs_section(grape.SECTION)
     assert docs == grape.section(result).strip("\n")
     seeds = {r["seed"] for r in result["runs"]}
     assert {0, 1, 2} <= seeds and all(f"| {s} | task |" in docs for s in seeds)
@@ -35,5 +28,5 @@ def test_render_rewrites_only_the_grape_section(tmp_path, monkeypatch):
     grape.main()
     text = md.read_text()
     assert "stale" not in text and text.endswith("## Next\n\nkept\n")
-    assert _docs_section(text, grape.SECTION) == grape.section(result).strip("\n")
+    assert docs_section(grape.SECTION, text) == grape.section(result).strip("\n")
     assert "| 0 | task |" in text and "| 1 | task |" not in text

@@ -1,17 +1,12 @@
 """``benchmarks/rac.py`` pools seeds with equal weight, whatever each seed's number of training draws."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from scipy.stats import t
 
+from tests.benchmarks import load_benchmark
 from vla_rl.evaluation import wilson_interval
 
-_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rac.py"
-_spec = importlib.util.spec_from_file_location("rac_bench", _BENCH)
-rac = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rac)
+rac = load_benchmark("rac")
 
 
 def test_a_seed_with_two_draws_does_not_count_twice():

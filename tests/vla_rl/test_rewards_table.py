@@ -3,24 +3,14 @@
 resumed in segments is timed over all of them."""
 
 import copy
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(_ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("rewards_bench", _ROOT / "benchmarks" / "learned_rewards.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from tests.benchmarks import docs_section, load_benchmark
+
+bench = load_benchmark("learned_rewards")
 
 _TITLE = "## Learned rewards (issue 19)"
 _COLUMN = "| wall s | RL s, all segments |"
-
-
-def _docs_section(text: str, title: str) -> str:
-    body = text.split(f"\n{title}\n", 1)[1]
-    return body.split("\n## ", 1)[0].strip("\n")
 
 
 def _results() -> dict:
@@ -29,7 +19,7 @@ def _results() -> dict:
 
 def test_docs_tables_are_rendered_from_the_results_file():
     results = _results()
-    docs = _docs_section((_ROOT / "docs" / "benchmarks.md").read_text(), _TITLE)
+    docs = docs_section(_TITLE)
     assert docs == bench.render(results).strip("\n")
     assert bench.curriculum_keys(results), "rewards.json holds no curriculum section"
 
