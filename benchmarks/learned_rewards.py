@@ -32,6 +32,11 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   steps, each scored by the per-task protocol (``--per_task`` held-out episodes of every task; the headline is
   the mean over tasks, with its pooled 95% Wilson interval). Target: curriculum's mean over tasks above
   uniform's. Each run's ``task/<name>/success`` and ``task/<name>/weight`` curves go into the results.
+- ``--reeval SECTION`` (runs nothing new): the final policies of a curriculum section's runs (their folders under
+  ``--out``) evaluated again on ``--reeval_per_task`` episodes of every task (default 100), seeded like the runs'
+  own evaluations, keeping each episode's outcome: the samplers then compare episode by episode on the same
+  initial states (the paired difference from uniform, with its 95% interval), which 34 episodes per task and two
+  separate Wilson intervals cannot resolve at the size of the differences measured.
 
 Every RL part of a seed starts from that seed's one pre-trained policy (``<out>/pretrained-s<seed>``: the
 ``quickstart_ppo`` preset's demos and 700 imitation steps). Its success differs by seed (0.32 / 0.58 / 0.37 on
@@ -52,6 +57,8 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
         --counterfactual --policy_episodes 200 --seeds 0 1 2 3
     python benchmarks/learned_rewards.py --parts prm --prm progress-v2 --counterfactual --seeds 0 2 3 --tag progress-v2
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
+    python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
+        --out /work/exp/s39/rw --reeval_per_task 100
     python benchmarks/learned_rewards.py --parts classifier ppo-classifier --classifier classifier-v2 \
         --images_only --policy_episodes 200 --start_success 0.35 --tag "classifier-v2, start 0.35" --out runs/weak
 """
@@ -352,6 +359,69 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
     return out_row
 
 
+def evaluate_run(run_dir: Path, sampler: str, iterations: int, per_task: int) -> Any:
+    """The final policy of the curriculum run ``run_dir`` (its last checkpoint, which must be ``iterations`` in and
+    trained with ``sampler``), evaluated like the run's own last evaluation (its config's env, evaluation seed and
+    executed steps) but on ``per_task`` held-out episodes of every task; an :class:`EvalResult` with ``outcomes``.
+
+    Raises:
+        SystemExit: naming the folder, for a run without checkpoints or of another sampler or length.
+    """
+    from policies.loading import load_policy
+    from vla_rl.cli import parse_config
+    from vla_rl.evaluation import evaluate_policy
+    from vla_rl.train_config import TrainConfig
+
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.is_file():
+        raise SystemExit(f"{run_dir}: no checkpoints/latest (not a finished curriculum run)")
+    last = latest.parent / latest.read_text().strip()
+    cfg = parse_config(TrainConfig, ["--config_path", str(last / "config.json")])
+    if cfg.env.tasks.sampler != sampler or last.name != f"iter_{iterations:06d}":
+        raise SystemExit(f"{last}: sampler {cfg.env.tasks.sampler} at {last.name}, but the results row is {sampler} at "
+                         f"{iterations} iterations: --runs points at other runs")
+    policy = load_policy(last / "policy")
+    policy.eval()
+    with cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed) as env:
+        return evaluate_policy(env, policy, 0, cfg.eval.seed, cfg.exec_steps, tasks=list(range(len(env.spec.tasks))),
+                               episodes_per_task=per_task, first_init=cfg.env.tasks.train_init_states,
+                               desc=f"{run_dir.name} x{per_task}")
+
+
+def reevaluate(key: str, runs: Path, seeds: list[int], per_task: int) -> None:
+    """``--reeval``: every arm of the curriculum section ``key`` of ``rewards.json`` (the seeds given) gets its final
+    policy's evaluation on ``per_task`` episodes of every task (:func:`evaluate_run`, run folders
+    ``runs/curriculum-<sampler>-s<seed>``), with each episode's outcome so that the samplers pair up episode by
+    episode (:func:`vla_rl.evaluation.paired_difference`). Arms already re-evaluated at ``per_task`` are kept; at the
+    section's own ``episodes_per_task`` the evaluation must reproduce the row's success (a check of the set-up)."""
+    from vla_core.manifest import exclusive
+
+    results = json.loads(RESULTS.read_text())
+    if key not in curriculum_keys(results):
+        raise SystemExit(f"--reeval {key!r}: no such curriculum section in {RESULTS}; there are: "
+                         + "; ".join(curriculum_keys(results)))
+    for seed, row in _by_seed(results[key]):
+        if int(seed) not in seeds:
+            continue
+        for sampler, arm in row["arms"].items():
+            if arm.get("reeval", {}).get("episodes_per_task") == per_task:
+                continue
+            t0 = time.perf_counter()
+            res = evaluate_run(runs / f"curriculum-{sampler}-s{seed}", sampler, row["iterations"], per_task)
+            if per_task == row["episodes_per_task"] and abs(res.success_rate - arm["after"]) > 1e-9:
+                raise SystemExit(f"seed {seed} {sampler}: re-evaluated {res.success_rate} is not the row's {arm['after']}: "
+                                 "not the run's evaluation")
+            entry = {"episodes_per_task": per_task, "success": res.success_rate, "ci": [res.ci_low, res.ci_high],
+                     "episodes": res.episodes, "outcomes": res.outcomes, "wall_s": time.perf_counter() - t0,
+                     "date": time.strftime("%Y-%m-%d"), "load_average_at_end": os.getloadavg()[0]}
+            with exclusive(RESULTS, "the results file"):  # other re-evaluations may write it alongside
+                fresh = json.loads(RESULTS.read_text())
+                fresh[key]["seeds"][seed]["arms"][sampler]["reeval"] = entry
+                write_json(RESULTS, fresh)
+            print(f"seed {seed} {sampler}: {res.success_rate:.3f} [{res.ci_low:.3f}-{res.ci_high:.3f}] over "
+                  f"{res.episodes} episodes, {entry['wall_s']:.0f} s", flush=True)
+
+
 def _by_seed(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return sorted(section["seeds"].items(), key=lambda kv: int(kv[0]))
 
@@ -569,10 +639,61 @@ def render(results: dict[str, Any]) -> str:
             before = sum(r["arms"][samplers[0]]["per_task_before"][t] for _, r in rows) / len(rows)
             cells = [sum(r["arms"][s]["per_task_after"][t] for _, r in rows) / len(rows) for s in samplers]
             out.append(f"| {t} | {before:.2f} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+        out += _reeval_tables(rows)
         if has_curves(sec):
             out += ["", f"![per-task training success and task weights, seed {rows[0][0]}]"
                     f"(img/{curriculum_plot_name(key)})"]
     return "\n".join(out) + "\n"
+
+
+def _reeval_tables(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """A curriculum section's ``--reeval`` tables (seeds whose every arm was re-evaluated): per seed and sampler,
+    then pooled over seeds, each against uniform paired episode by episode; empty without re-evaluations."""
+    from vla_rl.evaluation import paired_difference, wilson_interval
+
+    rows = [(seed, r) for seed, r in rows if "uniform" in r["arms"] and all("reeval" in a for a in r["arms"].values())]
+    if not rows:
+        return []
+    first = rows[0][1]["arms"]["uniform"]["reeval"]
+    loads = [a["reeval"]["load_average_at_end"] for _, r in rows for a in r["arms"].values()
+             if "load_average_at_end" in a["reeval"]]
+    load = f", load average {min(loads):.1f}-{max(loads):.1f} at the ends" if loads else ""
+    out = ["", f"Re-evaluated (`--reeval`, {first.get('date', '?')}{load}): "
+           f"each run's final policy on {first['episodes_per_task']} held-out episodes of every task, seeded like the "
+           "run's own evaluation, so episode k of a task starts from the same state for every sampler (episodes "
+           "0-" + f"{rows[0][1]['episodes_per_task'] - 1} are the table's). *vs uniform, paired*: the mean of the "
+           "per-episode differences from uniform's policy, with its 95% normal interval; an interval above 0 says this "
+           "policy beats uniform's on these states beyond the evaluation's noise (training noise is what the seeds "
+           "replicate).", "",
+           "| seed | sampler | success [95% CI] | vs uniform, paired [95% CI] | episodes | wall s |",
+           "|---:|---|---|---|---:|---:|"]
+
+    def paired(base: list[dict[str, str]], other: list[dict[str, str]]) -> str:
+        mean, lo, hi, _ = paired_difference(base, other)
+        return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+    for seed, r in rows:
+        base = r["arms"]["uniform"]["reeval"]["outcomes"]
+        for sampler, a in r["arms"].items():
+            e = a["reeval"]
+            diff = "-" if sampler == "uniform" else paired([base], [e["outcomes"]])
+            out.append(f"| {seed} | {sampler} | {e['success']:.3f} {_ci(e['ci'])} | {diff} | {e['episodes']} | "
+                       f"{e['wall_s']:.0f} |")
+    if len(rows) > 1:
+        out += ["", f"Pooled over seeds {', '.join(s for s, _ in rows)}:", "",
+                "| sampler | success [95% CI] | vs uniform, paired [95% CI] | seeds above uniform | episodes |",
+                "|---|---|---|---|---:|"]
+        bases = [r["arms"]["uniform"]["reeval"] for _, r in rows]
+        for sampler in rows[0][1]["arms"]:
+            mine = [r["arms"][sampler]["reeval"] for _, r in rows]
+            n = sum(e["episodes"] for e in mine)
+            wins = sum(seq.count("1") for e in mine for seq in e["outcomes"].values())
+            lo, hi = wilson_interval(wins, n)
+            diff = "-" if sampler == "uniform" else paired([b["outcomes"] for b in bases], [e["outcomes"] for e in mine])
+            above = "-" if sampler == "uniform" else \
+                f"{sum(e['success'] > b['success'] for e, b in zip(mine, bases))} of {len(rows)}"
+            out.append(f"| {sampler} | {wins / n:.3f} [{lo:.2f}-{hi:.2f}] | {diff} | {above} | {n} |")
+    return out
 
 
 def main() -> None:
@@ -621,6 +742,11 @@ def main() -> None:
                    help="file this run's rows under '<part> (TAG)' in rewards.json (a variant of a part's settings), "
                         "not the part's own section")
     p.add_argument("--out", default="runs/bench-rewards", help="models and runs go here")
+    p.add_argument("--reeval", default="", metavar="SECTION",
+                   help="run nothing new: re-evaluate the final policies of the curriculum section SECTION of "
+                        "rewards.json (its run folders under --out) on --reeval_per_task episodes of every task, "
+                        "keeping each episode's outcome so the samplers pair up episode by episode; then stop")
+    p.add_argument("--reeval_per_task", type=int, default=100, help="--reeval: held-out episodes per task")
     p.add_argument("--render", type=Path, default=None,
                    help="write the tables of every part in rewards.json into this file's learned-rewards section "
                         "(docs/benchmarks.md) and each curriculum section's plot into docs/img/curriculum*.png, then "
@@ -636,6 +762,9 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     out = Path(args.out)
+    if args.reeval:
+        reevaluate(args.reeval, out, args.seeds, args.reeval_per_task)
+        return
     for part in args.parts:
         for seed in args.seeds:
             t0 = time.perf_counter()

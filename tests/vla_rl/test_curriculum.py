@@ -22,7 +22,7 @@ from vla_rl.curriculum import (
     progress_weights,
     spread,
 )
-from vla_rl.evaluation import evaluate_per_task
+from vla_rl.evaluation import evaluate_per_task, paired_difference
 from vla_rl.smoke import apply_smoke
 from vla_rl.train_config import TrainConfig
 from vla_rl.trainer import check_init_state_split
@@ -113,6 +113,51 @@ def test_per_task_protocol_runs_each_task_episode_once_and_only_eval_tasks():
     assert all(row["episodes"] == 4 for row in res.per_task.values())
     assert res.episodes == 12 and set(started) <= {1, 5, 7} | set(range(12))
     assert all(not p for p in plans_seen[-1].values())  # queues cleared afterwards
+
+
+def test_per_task_outcomes_are_ordered_by_episode_seed_so_evaluations_pair_up():
+    """Character k of a task's outcome string is the episode played from seed ``seed + k``, whichever env slot played
+    it: the spy marks as successes the episodes of chosen (task, seed) pairs, on 2 and on 3 slots."""
+    wins = {(1, 11), (1, 13), (5, 10), (7, 12)}  # (task, reset seed) of the episodes made to succeed
+    for num_envs in (2, 3):
+        with make_env("mujoco/multi", num_envs=num_envs, seed=0, obs_mode="state", max_episode_steps=4) as env:
+            queued, played = {}, [0] * num_envs
+            schedule, step = env.schedule_tasks, env.step_chunk
+
+            def spy_schedule(weights=None, plans=None):
+                queued.update({i: p for i, p in (plans or {}).items() if p})
+                schedule(weights=weights, plans=plans)
+
+            def spy_step(chunk):
+                out = step(chunk)
+                for h, i in (out.terminated | out.truncated).nonzero().tolist():
+                    if i in queued and played[i] < len(queued[i]):
+                        a = queued[i][played[i]]
+                        played[i] += 1
+                        out.success[h, i] = (a.task, a.seed) in wins
+                return out
+
+            env.schedule_tasks, env.step_chunk = spy_schedule, spy_step
+            res = evaluate_per_task(env, lambda obs: torch.zeros(obs[TASK_INDEX].shape[0], 4, 4), tasks=[1, 5, 7],
+                                    episodes_per_task=4, seed=10, progress=False)
+        assert res.outcomes == {"pick-green": "0101", "push-blue-to-pad": "1000", "stack-red-on-blue": "0010"}
+        assert res.per_task["pick-green"]["success"] == 0.5 and res.successes == 4
+
+
+def test_paired_difference_pairs_episodes_and_pools_evaluations():
+    base = [{"a": "0011", "b": "1100"}, {"a": "0000", "b": "1111"}]
+    other = [{"a": "0111", "b": "1100"}, {"a": "1000", "b": "1111"}]
+    mean, lo, hi, n = paired_difference(base, other)
+    assert n == 16 and mean == pytest.approx(2 / 16)
+    assert lo < mean < hi and hi - lo == pytest.approx(2 * 1.96 * np.std([1, 1] + [0] * 14, ddof=1) / 4)
+    assert paired_difference(base, base)[:3] == (0.0, 0.0, 0.0)  # the same outcomes: no difference, no noise
+    # the same rates on other states: unpaired means would agree, the paired interval is wide
+    mean, lo, hi, _ = paired_difference([{"a": "1100"}], [{"a": "0011"}])
+    assert mean == 0.0 and hi - lo > 1.0
+    with pytest.raises(ValueError, match="task a: 4 episodes against 3"):
+        paired_difference([{"a": "0011"}], [{"a": "001"}])
+    with pytest.raises(ValueError, match=r"tasks \['a'\] against \['b'\]"):
+        paired_difference([{"a": "0011"}], [{"b": "0011"}])
 
 
 def test_spread_picks_evenly_spaced_tasks():

@@ -48,3 +48,27 @@ def test_curriculum_table_shows_rl_seconds_only_when_every_arm_has_them():
     first_arm = next(iter(next(iter(section["seeds"].values()))["arms"].values()))
     del first_arm["rl_s"]
     assert _COLUMN not in bench.render(only)
+
+
+def test_reeval_tables_pair_each_sampler_with_uniform_per_seed_and_pooled():
+    results = _results()
+    key = next(k for k in bench.curriculum_keys(results) if len(results[k]["seeds"]) >= 2)
+    section = copy.deepcopy(results[key])
+    seeds = sorted(section["seeds"], key=int)[:2]
+    section["seeds"] = {s: section["seeds"][s] for s in seeds}
+    other = next(name for name in section["seeds"][seeds[0]]["arms"] if name != "uniform")
+    made = {"uniform": ["1100", "0000"], other: ["1110", "0001"]}  # per seed, each of two tasks: +1 episode of 4
+    for i, s in enumerate(seeds):
+        for sampler, arm in section["seeds"][s]["arms"].items():
+            outcomes = {"t1": made[sampler][i], "t2": made[sampler][i]}
+            wins = sum(seq.count("1") for seq in outcomes.values())
+            arm["reeval"] = {"episodes_per_task": 4, "success": wins / 8, "ci": [0.0, 1.0], "episodes": 8,
+                             "outcomes": outcomes, "wall_s": 60.0, "date": "2026-11-30", "load_average_at_end": 2.0}
+    table = bench.render({key: section})
+    assert f"| {seeds[0]} | {other} | 0.750 [0.00-1.00] | +0.250 [" in table  # 2 of 8 episodes better
+    pooled = next(line for line in table.splitlines() if line.startswith(f"| {other} | 0.500 ["))
+    assert "| +0.250 [" in pooled and "| 2 of 2 | 16 |" in pooled
+    del section["seeds"][seeds[1]]["arms"]["uniform"]["reeval"]  # a seed not fully re-evaluated is left out
+    table = bench.render({key: section})
+    assert f"| {seeds[1]} | {other} | 0.250" not in table and f"| {seeds[0]} | {other} | 0.750" in table
+    assert "| vs uniform, paired [95% CI] | seeds above uniform |" not in table  # one seed: nothing to pool
