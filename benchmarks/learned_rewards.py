@@ -371,6 +371,7 @@ def evaluate_run(run_dir: Path, sampler: str, iterations: int, per_task: int) ->
     from vla_rl.cli import parse_config
     from vla_rl.evaluation import evaluate_policy
     from vla_rl.train_config import TrainConfig
+    from vla_rl.trainer import per_task_eval_tasks, task_curriculum
 
     latest = run_dir / "checkpoints" / "latest"
     if not latest.is_file():
@@ -379,11 +380,14 @@ def evaluate_run(run_dir: Path, sampler: str, iterations: int, per_task: int) ->
     cfg = parse_config(TrainConfig, ["--config_path", str(last / "config.json")])
     if cfg.env.tasks.sampler != sampler or last.name != f"iter_{iterations:06d}":
         raise SystemExit(f"{last}: sampler {cfg.env.tasks.sampler} at {last.name}, but the results row is {sampler} at "
-                         f"{iterations} iterations: --runs points at other runs")
+                         f"{iterations} iterations: --out points at other runs")
     policy = load_policy(last / "policy")
     policy.eval()
     with cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed) as env:
-        return evaluate_policy(env, policy, 0, cfg.eval.seed, cfg.exec_steps, tasks=list(range(len(env.spec.tasks))),
+        tasks = per_task_eval_tasks(cfg, task_curriculum(cfg, env.spec))  # the tasks the run's evaluation played
+        if tasks is None:
+            raise SystemExit(f"{last}: eval.protocol {cfg.eval.protocol}, not per_task: no episodes to pair by task")
+        return evaluate_policy(env, policy, 0, cfg.eval.seed, cfg.exec_steps, tasks=tasks,
                                episodes_per_task=per_task, first_init=cfg.env.tasks.train_init_states,
                                desc=f"{run_dir.name} x{per_task}")
 

@@ -66,6 +66,14 @@ def rollout_scalars(rollout: Rollout, episodes: list[EpisodeRecord] | None = Non
     return out
 
 
+def per_task_eval_tasks(cfg: TrainConfig, curriculum: TaskCurriculum | None) -> list[int] | None:
+    """The task indices the ``per_task`` evaluation plays: the held-out tasks if any, else every task, spread to
+    ``eval.max_tasks``; None under the ``seeds`` protocol or on a single-task env (``curriculum`` None)."""
+    if cfg.eval.protocol != "per_task" or curriculum is None:
+        return None
+    return spread(curriculum.eval_tasks, cfg.eval.max_tasks)
+
+
 def task_curriculum(cfg: TrainConfig, spec: EnvSpec) -> TaskCurriculum | None:
     """The run's :class:`TaskCurriculum` for a multi-task env; None for a single-task one.
 
@@ -148,8 +156,7 @@ class Trainer:
 
         # Seeded like the env (evaluate_policy): the same policy always scores the same, the before and after
         # evaluations share their flow noise, and the training RNG stream is left untouched.
-        tasks = (spread(self.curriculum.eval_tasks, cfg.eval.max_tasks)
-                 if cfg.eval.protocol == "per_task" and self.curriculum else None)
+        tasks = per_task_eval_tasks(cfg, self.curriculum)
         seed, shard = cfg.eval.seed, None
         if dist.enabled and tasks is None:  # this rank plays its slice of the evaluation envs; episodes gathered
             shard = EvalShard(cfg.eval_envs, dist.rank * env.num_envs, dist.gather_objects)
