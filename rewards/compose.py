@@ -110,6 +110,13 @@ class RewardFunction:
         """Whether a configured term can end episodes (a success classifier with ``terminate``)."""
         return any(getattr(t, "ends_episodes", False) for t in self._terms.values())
 
+    def reset(self) -> None:
+        """Every env starts a new episode (the caller reset them all): terms that keep per-episode state (the
+        ``prm`` term's ``milestone`` form) start it again."""
+        for term in self._terms.values():
+            if hasattr(term, "reset"):
+                term.reset()  # type: ignore[attr-defined]
+
     def __call__(self, steps: ChunkSteps, actions: Tensor, obs: Obs) -> ChunkReward:
         """The rewards of one chunk.
 
@@ -143,12 +150,16 @@ class RewardFunction:
                     env_terms={k: v[h] for k, v in values.items()}, success=steps.success[h].cpu(),
                     terminated=steps.terminated[h].cpu(), truncated=steps.truncated[h].cpu(),
                     signals={k: v[h].float().cpu() for k, v in steps.signals.items()}, executed=executed,
-                    next_obs=outcome, last=last[h],
+                    next_obs=outcome, last=last[h], env_ids=list(steps.env_ids),
                 )
                 per_step.append(term(step).float().cpu().reshape(-1))
             values[name] = torch.stack(per_step)
             if getattr(term, "ends_episodes", False):
                 ends = ends | term.episode_end().bool().cpu().reshape(-1)  # type: ignore[attr-defined]
+        ended = (steps.terminated.cpu() | steps.truncated.cpu()).any(0) | ends  # [n]: episodes this chunk ended
+        for term in self._terms.values():
+            if hasattr(term, "episodes_ended"):
+                term.episodes_ended(ended)  # type: ignore[attr-defined]
         step_reward = weighted_step_reward(values, self.weights)
         zero = torch.zeros((), dtype=torch.float32)
         return ChunkReward(

@@ -79,6 +79,8 @@ class StepInput:
             terms judge it (:mod:`rewards.learned.terms`). None where the caller has none.
         last: ``bool [B]``: this is the env's last step of its episode inside the chunk (the step it ended,
             or the chunk's last step); where a term that judges ``next_obs`` pays. None with ``next_obs``.
+        env_ids: the env indices of the ``B`` rows (a pipelined rollout steps half of the envs at a time),
+            for terms that keep state per env; None means ``0 .. B-1``.
     """
 
     env_id: str
@@ -93,6 +95,7 @@ class StepInput:
     executed: Tensor | None = None
     next_obs: Obs | None = None
     last: Tensor | None = None
+    env_ids: list[int] | None = None
 
 
 class RewardTerm(Protocol):
@@ -102,6 +105,10 @@ class RewardTerm(Protocol):
     ``ends_episodes = True`` and ``episode_end() -> bool [B]``, asked once after the term ran on every step of a
     chunk, True for the envs whose episode the chunk's outcome ends (:attr:`rewards.compose.ChunkReward.ends`;
     the rollout engine makes those decisions terminal and resets the envs).
+
+    A term that keeps state per episode (the ``prm`` term's ``milestone`` form) also has
+    ``episodes_ended(ended: bool [B])``, told after each chunk which envs' episodes it ended (by the env or by a
+    term), and ``reset()``, told when every env was reset (:meth:`rewards.compose.RewardFunction.reset`).
     """
 
     def __call__(self, step: StepInput) -> Tensor: ...

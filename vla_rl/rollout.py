@@ -267,6 +267,7 @@ class RolloutEngine:
     def reset(self, seed: int | list[int] | None = None) -> None:
         """Reset every env (``seed`` as in :meth:`sim.VecEnv.reset`) and the policy's episode state."""
         self._obs = self.env.reset(seed=seed)
+        self.reward.reset()
         self._ep_ret.zero_()
         self._ep_len.zero_()
         self.policy.reset()

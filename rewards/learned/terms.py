@@ -11,9 +11,22 @@ last step of the chunk (the step its episode ended, or the chunk's last) from th
   success reward; evaluation still scores the simulator's success. By default (``terminate``) a success
   verdict also ends the episode, as the simulator's success does: the rollout engine resets the env and
   the decision is terminal, so each success is paid once.
-- ``prm``: ``progress(outcome) - progress(decision observation)``, a potential difference (Ng et al. 1999):
-  over an episode it sums to the progress gained, so it cannot be farmed by going back and forth, and mixed
-  with sparse success (``{success: 1.0, prm: 0.5}``) it shapes without changing which policy is optimal.
+- ``prm``: progress paid per chunk, in one of two forms (``--reward.prm.mode``):
+
+  - ``potential`` (the default): ``progress(outcome) - progress(decision observation)``, a potential
+    difference (Ng et al. 1999): over an episode it sums to the progress gained, so it cannot be farmed by
+    going back and forth, and mixed with sparse success (``{success: 1.0, prm: 0.5}``) it shapes without
+    changing which policy is optimal. Under GAE that same property makes it a change of the critic's
+    baseline: ``r + g*V(s') - V(s)`` with the difference added is the unshaped TD error of the critic
+    ``V + progress``, so once PPO's critic has fit the shaped returns the advantages are those of the sparse
+    reward (docs/rewards.md).
+  - ``milestone``: ``max(0, progress(outcome) - best progress of the episode so far)``, VLA-RL's form (a
+    sub-task's completion is paid when first reached, once per episode): the episode is paid the best
+    progress it reached, so an attempt that grasped the right cube and dropped it still earns the grasp,
+    which a critic cannot absorb. It sums to at most 1 per episode (cannot be farmed), and it does change
+    the optimal policy only where the weight lets an episode's progress outweigh its success: keep the
+    ``prm`` weight at or below ``success``'s. The episode's best is kept per env and restarts where the
+    episode does (the env ended it, a reward term ended it, or the rollout engine reset the envs).
 
 The model is loaded once per :class:`rewards.compose.RewardFunction` and evaluated once per chunk (on the
 CPU, in batches). A model whose inputs do not match the env's observations raises
@@ -29,6 +42,10 @@ from torch import Tensor
 
 from rewards.learned.model import RewardModel, load_reward_model
 from rewards.terms import REWARDS, RewardTerm, StepInput
+
+
+PRM_MODES = ("potential", "milestone")
+"""The forms of the ``prm`` term (:attr:`ProgressTermConfig.mode`)."""
 
 
 @dataclass
@@ -53,6 +70,13 @@ class ProgressTermConfig:
 
     path: str = ""
     """Reward model folder of kind ``progress`` (``vla-rl reward train --kind progress``)."""
+    mode: str = "potential"
+    """``potential``: progress gained over the chunk (may be negative); ``milestone``: progress above the
+    episode's best so far (never negative; module doc)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in PRM_MODES:
+            raise ValueError(f"reward.prm.mode: {self.mode!r} is not one of {', '.join(PRM_MODES)}")
 
 
 def _model(path: str, kind: str, term: str) -> RewardModel:
@@ -111,10 +135,44 @@ class ClassifierTerm(_ChunkOutcomeTerm):
 class ProgressTerm(_ChunkOutcomeTerm):
     """See the module doc (``prm``)."""
 
+    def __init__(self, model: RewardModel, mode: str = "potential") -> None:
+        super().__init__(model)
+        self.mode = mode
+        # milestone: per env id, the best progress of its episode so far, and whether its next decision starts
+        # an episode (the pipelined engine calls with half of the envs at a time, so the state is kept by id)
+        self._best = torch.zeros(0)
+        self._fresh = torch.zeros(0, dtype=torch.bool)
+        self._ids = torch.zeros(0, dtype=torch.long)  # the env ids of the last chunk
+
+    def _grow(self, n: int) -> None:
+        if n > len(self._best):
+            extra = n - len(self._best)
+            self._best = torch.cat([self._best, torch.zeros(extra)])
+            self._fresh = torch.cat([self._fresh, torch.ones(extra, dtype=torch.bool)])
+
     def chunk_value(self, step: StepInput) -> Tensor:
         where = f"{step.env_id} observation"
         after = self.model.predict(step.next_obs, where=where)  # type: ignore[arg-type]
-        return after - self.model.predict(step.obs, where=where)
+        before = self.model.predict(step.obs, where=where)
+        if self.mode == "potential":
+            return after - before
+        ids = torch.arange(len(before)) if step.env_ids is None else torch.as_tensor(step.env_ids, dtype=torch.long)
+        self._grow(int(ids.max()) + 1 if len(ids) else 0)
+        best = torch.where(self._fresh[ids], before, self._best[ids])  # a new episode starts from where it is
+        self._best[ids] = torch.maximum(best, after)
+        self._fresh[ids] = False
+        self._ids = ids
+        return (after - best).clamp(min=0.0)
+
+    def episodes_ended(self, ended: Tensor) -> None:
+        """``bool [B]``, rows as in the last chunk: the envs whose episode it ended (their next decision starts a
+        new one)."""
+        if self.mode == "milestone" and len(self._ids) == len(ended):
+            self._fresh[self._ids] |= ended.bool().cpu()
+
+    def reset(self) -> None:
+        """Every env starts a new episode (the rollout engine reset them all)."""
+        self._fresh[:] = True
 
 
 @REWARDS.register("classifier", config=ClassifierTermConfig,
@@ -129,11 +187,12 @@ def classifier(cfg: ClassifierTermConfig) -> RewardTerm:
 
 
 @REWARDS.register("prm", config=ProgressTermConfig,
-                  help="a learned process reward model: progress gained per chunk (--reward.prm.path)")
+                  help="a learned process reward model: progress gained per chunk, or above the episode's "
+                       "best (--reward.prm.path, --reward.prm.mode)")
 def prm(cfg: ProgressTermConfig) -> RewardTerm:
     """The ``prm`` term (module doc).
 
     Raises:
         policies.io.CheckpointError: for a missing path, a damaged folder or a model of another kind.
     """
-    return ProgressTerm(_model(cfg.path, "progress", "prm"))
+    return ProgressTerm(_model(cfg.path, "progress", "prm"), cfg.mode)

@@ -474,3 +474,117 @@ def test_a_terminating_reward_refuses_pipelined_collection(tmp_path):
         assert RolloutEngine(env, GaussianPolicy(2, 1, horizon=2), pipelined=True, reward=off).pipelined
     finally:
         env.close()
+
+
+def _progress_chunk(before: list[float], after: list[float], ended: list[bool],
+                    env_ids: list[int] | None = None) -> tuple[ChunkSteps, dict]:
+    """One decision of ``n`` envs, ``H = 1``: the switch model's progress goes from ~``before`` to ~``after``
+    (it reads ``state[0]``: 0 -> 0, 0.5 -> 0.5, 1 -> 1); ``ended`` envs terminate at the step."""
+    n = len(before)
+    term = torch.tensor([ended])
+    state = torch.tensor([[a, 0.0] for a in after])
+    outcome = {OBS_STATE: state, TASK: ["a"] * n}
+    steps = ChunkSteps(
+        env_ids=env_ids or list(range(n)), reward=torch.zeros(1, n), terminated=term,
+        truncated=torch.zeros(1, n, dtype=torch.bool), success=term.clone(), reward_terms={},
+        episode_return=torch.zeros(1, n), episode_length=torch.zeros(1, n, dtype=torch.long),
+        final_obs=outcome, obs=dict(outcome))
+    return steps, {OBS_STATE: torch.tensor([[b, 0.0] for b in before]), TASK: ["a"] * n}
+
+
+def test_milestone_progress_pays_each_episodes_new_best_once_and_restarts_with_the_episode(tmp_path):
+    prm = _switch_model("progress").save(tmp_path / "prm")
+
+    def fn(mode: str) -> RewardFunction:
+        return RewardFunction(RewardConfig(terms={"prm": 1.0}, prm=ProgressTermConfig(path=str(prm), mode=mode)), "t")
+
+    # env 0 climbs, falls back, climbs again, ends at the top, then starts a new episode; env 1 starts halfway
+    chunks = [([0.0, 0.5], [0.5, 0.5], [False, False]), ([0.5, 0.5], [0.0, 1.0], [False, False]),
+              ([0.0, 1.0], [0.5, 0.0], [False, False]), ([0.5, 0.0], [1.0, 1.0], [True, False]),
+              ([0.0, 1.0], [0.5, 1.0], [False, False])]
+    milestone, potential = fn("milestone"), fn("potential")
+    paid = {"milestone": [], "potential": []}
+    for before, after, ended in chunks:
+        for name, f in (("milestone", milestone), ("potential", potential)):
+            steps, obs = _progress_chunk(before, after, ended)
+            paid[name].append(f(steps, torch.zeros(2, 1, 1), obs).reward.tolist())
+    got = torch.tensor(paid["milestone"])
+    # the drop (0.5 -> 0) costs nothing and the climb back to 0.5 pays nothing; the new episode is paid again
+    torch.testing.assert_close(got, torch.tensor([[0.5, 0.0], [0.0, 0.5], [0.0, 0.0], [0.5, 0.0], [0.5, 0.0]]),
+                               atol=1e-3, rtol=0)
+    assert got[:4, 0].sum() == pytest.approx(1.0, abs=1e-3)  # the first episode: its best minus its start
+    torch.testing.assert_close(torch.tensor(paid["potential"]),  # the difference pays the drop back and forth
+                               torch.tensor([[0.5, 0.0], [-0.5, 0.5], [0.5, -1.0], [0.5, 1.0], [0.5, 0.0]]),
+                               atol=1e-3, rtol=0)
+    # a reset of every env restarts every episode from where it is (env 1's best, 1, is forgotten)
+    milestone.reset()
+    steps, obs = _progress_chunk([0.5, 0.0], [0.5, 0.5], [False, False])
+    torch.testing.assert_close(milestone(steps, torch.zeros(2, 1, 1), obs).reward, torch.tensor([0.0, 0.5]),
+                               atol=1e-3, rtol=0)
+    # envs 2 and 3 (the other half of a pipelined rollout) keep their own episodes
+    steps, obs = _progress_chunk([0.0, 0.5], [1.0, 0.5], [False, False], env_ids=[2, 3])
+    torch.testing.assert_close(milestone(steps, torch.zeros(2, 1, 1), obs).reward, torch.tensor([1.0, 0.0]),
+                               atol=1e-3, rtol=0)
+    steps, obs = _progress_chunk([0.5, 0.5], [1.0, 1.0], [False, False])  # envs 0 and 1 again: best 0.5 each
+    torch.testing.assert_close(milestone(steps, torch.zeros(2, 1, 1), obs).reward, torch.tensor([0.5, 0.5]),
+                               atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match=r"reward.prm.mode: 'best'.*potential, milestone"):
+        ProgressTermConfig(path=str(prm), mode="best")
+
+
+def test_milestone_progress_is_the_same_in_pipelined_and_sequential_rollouts(tmp_path):
+    """The pipelined engine scores half of the envs at a time; the term's per-episode best is kept by env id,
+    so both collections pay the same, and every episode's payments sum to its best progress minus its start."""
+    from sim.vector_process import ProcessVecEnv
+
+    prm = _switch_model("progress").save(tmp_path / "prm")
+    cfg = RewardConfig(terms={"prm": 1.0}, prm=ProgressTermConfig(path=str(prm), mode="milestone"))
+    torch.manual_seed(0)
+    policy = GaussianPolicy(2, 1, horizon=2, init_mean=0.3)
+    with torch.no_grad():  # up at first, down later in the episode: progress rises and falls
+        policy.mu.weight.copy_(torch.tensor([[0.0, -0.12]] * 2))
+    factories = [functools.partial(CounterEnv, episode_steps=8, goal=9.0) for _ in range(4)]
+    rollouts = []
+    for pipelined in (False, True):
+        with ProcessVecEnv(factories, "toy/counter", num_workers=2) as env:
+            engine = RolloutEngine(env, policy, use_critic=False, pipelined=pipelined, reward=cfg)
+            engine.reset(seed=3)
+            rollouts.append(engine.collect(10, ActMode.EVAL))
+    seq, pipe = rollouts
+    torch.testing.assert_close(seq.reward_terms["prm"], pipe.reward_terms["prm"], atol=1e-6, rtol=0)
+    paid = seq.reward_terms["prm"]
+    assert (paid >= 0).all() and (paid > 0.05).any()
+    # an episode of decisions t0..t (ended at t) is paid on t0..t-1 for the outcomes obs[t0+1..t] (its last
+    # outcome, the final observation, is not stored): max(progress of obs[t0..t]) - progress(obs[t0])
+    model = load_reward_model(prm)
+    progress = model.predict({OBS_STATE: seq.obs[OBS_STATE].reshape(-1, 2)}).reshape(paid.shape)
+    done = seq.truncated | seq.terminated
+    checked = 0
+    for b in range(paid.shape[1]):
+        t0 = 0
+        for t in done[:, b].nonzero().flatten().tolist():
+            if t > t0:
+                best = float(progress[t0:t + 1, b].max())
+                assert float(paid[t0:t, b].sum()) == pytest.approx(best - float(progress[t0, b]), abs=1e-4)
+                checked += 1
+            t0 = t + 1
+    assert checked >= 4
+
+
+def test_potential_shaping_under_gae_is_a_change_of_the_critics_baseline():
+    """Why the ``potential`` form barely speeds PPO up (docs/rewards.md): with gamma = 1, adding
+    ``progress(s') - progress(s)`` to the rewards gives exactly the advantages of the unshaped rewards under the
+    critic ``V + progress``; a critic fit to the shaped returns then gives the sparse advantages."""
+    from vla_rl.algorithms.advantages import gae
+
+    gen = torch.Generator().manual_seed(0)
+    t, b = 6, 3
+    r, v, phi, phi_next_last = (torch.rand(t, b, generator=gen) for _ in range(4))
+    nv = torch.cat([v[1:], torch.rand(1, b, generator=gen)])
+    phi_next = torch.cat([phi[1:], phi_next_last[:1]])
+    no = torch.zeros(t, b, dtype=torch.bool)
+    shaped, _ = gae(r + phi_next - phi, v, nv, no, no, 1.0, 0.9)
+    rebased, _ = gae(r, v + phi, nv + phi_next, no, no, 1.0, 0.9)
+    torch.testing.assert_close(shaped, rebased)
+    milestone = r + (phi_next - phi).clamp(min=0)  # not a potential difference: no critic absorbs it
+    assert not torch.allclose(gae(milestone, v, nv, no, no, 1.0, 0.9)[0], rebased)

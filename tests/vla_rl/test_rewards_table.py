@@ -72,3 +72,18 @@ def test_reeval_tables_pair_each_sampler_with_uniform_per_seed_and_pooled():
     table = bench.render({key: section})
     assert f"| {seeds[1]} | {other} | 0.250" not in table and f"| {seeds[0]} | {other} | 0.750" in table
     assert "| vs uniform, paired [95% CI] | seeds above uniform |" not in table  # one seed: nothing to pool
+
+
+def test_prm_crossing_on_single_evaluations_and_on_trailing_means():
+    sparse = [(0, 0.30), (100, 0.40), (200, 0.36), (300, 0.50)]
+    mixed = [(0, 0.30), (100, 0.52), (200, 0.38), (300, 0.45)]
+    # single evaluations: the sparse final is 0.50 and the PRM run's one lucky evaluation at 100 reaches it
+    assert bench.prm_crossing(sparse, mixed) == (0.50, 100, 100 / 300)
+    # trailing means of 3: the sparse run ends at (0.40 + 0.36 + 0.50) / 3 = 0.42; the PRM run's means are
+    # 0.30, 0.41, 0.40, 0.45: reached at 300, not at the noisy 100
+    target, steps, ratio = bench.prm_crossing(sparse, mixed, window=3)
+    assert abs(target - 0.42) < 1e-9 and steps == 300 and ratio == 1.0
+    never = bench.prm_crossing(sparse, [(0, 0.30), (100, 0.35)])
+    assert never[1] is None and never[2] != never[2]  # nan: never reached
+    # the step-0 evaluation (the shared start) never counts, however high
+    assert bench.prm_crossing([(0, 0.6), (100, 0.5)], [(0, 0.6), (100, 0.4)])[1] is None
