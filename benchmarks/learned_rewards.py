@@ -56,6 +56,8 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts classifier ppo-classifier bc-classifier --classifier classifier-v5 \
         --counterfactual --policy_episodes 200 --seeds 0 1 2 3
     python benchmarks/learned_rewards.py --parts prm --prm progress-v2 --counterfactual --seeds 0 2 3 --tag progress-v2
+    python benchmarks/learned_rewards.py --parts prm --prm progress-v2 --counterfactual --prm_mode milestone \
+        --seeds 0 1 2 --tag "progress-v2, milestone"
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
         --out /work/exp/s39/rw --reeval_per_task 100
