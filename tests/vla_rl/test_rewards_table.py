@@ -87,3 +87,13 @@ def test_prm_crossing_on_single_evaluations_and_on_trailing_means():
     assert never[1] is None and never[2] != never[2]  # nan: never reached
     # the step-0 evaluation (the shared start) never counts, however high
     assert bench.prm_crossing([(0, 0.6), (100, 0.5)], [(0, 0.6), (100, 0.4)])[1] is None
+
+
+def test_a_prm_run_that_gets_there_early_and_then_collapses_does_not_meet_the_target():
+    row = {"sparse_improved": True, "sparse_final": 0.59, "step_ratio": 0.38, "mixed_final": 0.60}
+    assert bench.prm_ok(row)
+    assert not bench.prm_ok({**row, "mixed_final": 0.14})  # session 41, seed 2: reached at 0.38, ended at 0.14
+    assert bench.prm_ok({**row, "mixed_final": 0.56})  # inside the sparse final's 95% interval (0.54-0.64)
+    assert not bench.prm_ok({**row, "step_ratio": 0.75})
+    assert not bench.prm_ok({**row, "step_ratio": float("nan")})  # never reached
+    assert not bench.prm_ok({**row, "sparse_improved": False})
