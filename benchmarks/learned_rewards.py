@@ -25,8 +25,8 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   ``--eval_every`` iterations on 400 held-out episodes; reports the env steps at which the PRM run first
   reaches the sparse run's final success (target: <= 60% of the sparse run's steps, and the PRM run not ending
   below the sparse final's 95% interval: :func:`prm_ok`); ``--prm_mode`` picks the term's form. ``--prm NAME``
-  names the PRM folder (another recipe, e.g. with ``--counterfactual``: every episode also under another instruction, its stages
-  recomputed) and its mixed run; the sparse run is shared.
+  names the PRM folder (another recipe, e.g. with ``--counterfactual``: every episode also under another
+  instruction, its stages recomputed) and its mixed run; the sparse run is shared.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
