@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -299,13 +300,16 @@ def prm_ok(row: dict[str, Any], episodes: int = 400) -> bool:
 
     low = wilson_interval(round(row["sparse_final"] * episodes), episodes)[0]
     ratio = row["step_ratio"]
-    return bool(row["sparse_improved"] and ratio == ratio and ratio <= 0.6 and row["mixed_final"] >= low)
+    return bool(row["sparse_improved"] and not math.isnan(ratio) and ratio <= 0.6 and row["mixed_final"] >= low)
 
 
 def trailing_means(curve: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
     """``[(step, mean of the success at this evaluation and the window - 1 before it)]`` (fewer at the start)."""
-    return [(step, sum(c[1] for c in curve[max(0, i - window + 1):i + 1]) / len(curve[max(0, i - window + 1):i + 1]))
-            for i, (step, _) in enumerate(curve)]
+    out = []
+    for i, (step, _) in enumerate(curve):
+        recent = [succ for _, succ in curve[max(0, i - window + 1):i + 1]]
+        out.append((step, sum(recent) / len(recent)))
+    return out
 
 
 def prm_crossing(sparse: list[tuple[int, float]], mixed: list[tuple[int, float]],
@@ -560,8 +564,8 @@ def plot_prm(section: dict[str, Any], path: Path) -> None:
     rows = _by_seed(section)
     fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.2), squeeze=False, sharey=True)
     for ax, (seed, r) in zip(axes[0], rows):
-        for name, curve, style in (("sparse", r["sparse_curve"], "-"), ("PRM + success", r["mixed_curve"], "-")):
-            ax.plot([c[0] / 1e3 for c in curve], [c[1] for c in curve], style, marker="o", ms=3, lw=1.2, label=name)
+        for name, curve in (("sparse", r["sparse_curve"]), ("PRM + success", r["mixed_curve"])):
+            ax.plot([c[0] / 1e3 for c in curve], [c[1] for c in curve], marker="o", ms=3, lw=1.2, label=name)
         ax.axhline(r["sparse_final"], color="grey", lw=0.8, ls="--")
         ax.axvline(0.6 * r["sparse_steps"] / 1e3, color="grey", lw=0.8, ls=":")
         ax.set_title(f"seed {seed}", fontsize=9)
@@ -777,6 +781,8 @@ def _reeval_tables(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def main() -> None:
+    from rewards.learned.terms import PRM_MODES
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--parts", nargs="+", default=["classifier"],
                    choices=["classifier", "ppo-classifier", "bc-classifier", "prm", "curriculum"])
@@ -801,7 +807,7 @@ def main() -> None:
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
                         "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>]-s<seed>")
-    p.add_argument("--prm_mode", default="potential", choices=["potential", "milestone"],
+    p.add_argument("--prm_mode", default="potential", choices=PRM_MODES,
                    help="prm: the term's form (reward.prm.mode): progress gained per chunk, or progress above the "
                         "episode's best so far (VLA-RL's milestones)")
     p.add_argument("--eval_episodes", type=int, default=400, help="held-out episodes per RL evaluation")

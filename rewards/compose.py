@@ -74,11 +74,17 @@ def chunk_sum(per_step: Tensor, live: Tensor) -> Tensor:
     return out
 
 
+def episodes_ended(steps: ChunkSteps, live: Tensor) -> Tensor:
+    """``bool [n]``: the envs whose episode ended inside the chunk (``live [H, n]``: the steps of each env's first
+    episode, :func:`sim.chunk.first_episode_steps`)."""
+    return ((steps.terminated.cpu() | steps.truncated.cpu()) & live).any(0)
+
+
 def outcome_obs(steps: ChunkSteps, live: Tensor) -> Obs:
     """The observation each env's chunk ended in: ``final_obs`` rows of the envs whose episode ended inside the
     chunk, ``obs`` rows of the others (a new batch; tensors on the CPU). ``live [H, n]``: the steps of each
     env's first episode (:func:`sim.chunk.first_episode_steps`)."""
-    ended = ((steps.terminated.cpu() | steps.truncated.cpu()) & live).any(0)
+    ended = episodes_ended(steps, live)
     out: Obs = {}
     for key, value in steps.obs.items():
         final = steps.final_obs[key]
@@ -156,10 +162,10 @@ class RewardFunction:
             values[name] = torch.stack(per_step)
             if getattr(term, "ends_episodes", False):
                 ends = ends | term.episode_end().bool().cpu().reshape(-1)  # type: ignore[attr-defined]
-        ended = (steps.terminated.cpu() | steps.truncated.cpu()).any(0) | ends  # [n]: episodes this chunk ended
+        ended = episodes_ended(steps, live) | ends  # ended by the env or by a term
         for term in self._terms.values():
             if hasattr(term, "episodes_ended"):
-                term.episodes_ended(ended)  # type: ignore[attr-defined]
+                term.episodes_ended(steps.env_ids, ended)  # type: ignore[attr-defined]
         step_reward = weighted_step_reward(values, self.weights)
         zero = torch.zeros((), dtype=torch.float32)
         return ChunkReward(

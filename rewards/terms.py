@@ -107,8 +107,8 @@ class RewardTerm(Protocol):
     the rollout engine makes those decisions terminal and resets the envs).
 
     A term that keeps state per episode (the ``prm`` term's ``milestone`` form) also has
-    ``episodes_ended(ended: bool [B])``, told after each chunk which envs' episodes it ended (by the env or by a
-    term), and ``reset()``, told when every env was reset (:meth:`rewards.compose.RewardFunction.reset`).
+    ``episodes_ended(env_ids: list[int], ended: bool [B])``, told after each chunk which of its envs' episodes it
+    ended (by the env or by a term), and ``reset()``, told when every env was reset (:meth:`rewards.compose.RewardFunction.reset`).
     """
 
     def __call__(self, step: StepInput) -> Tensor: ...

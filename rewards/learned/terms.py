@@ -142,7 +142,6 @@ class ProgressTerm(_ChunkOutcomeTerm):
         # an episode (the pipelined engine calls with half of the envs at a time, so the state is kept by id)
         self._best = torch.zeros(0)
         self._fresh = torch.zeros(0, dtype=torch.bool)
-        self._ids = torch.zeros(0, dtype=torch.long)  # the env ids of the last chunk
 
     def _grow(self, n: int) -> None:
         if n > len(self._best):
@@ -161,14 +160,15 @@ class ProgressTerm(_ChunkOutcomeTerm):
         best = torch.where(self._fresh[ids], before, self._best[ids])  # a new episode starts from where it is
         self._best[ids] = torch.maximum(best, after)
         self._fresh[ids] = False
-        self._ids = ids
         return (after - best).clamp(min=0.0)
 
-    def episodes_ended(self, ended: Tensor) -> None:
-        """``bool [B]``, rows as in the last chunk: the envs whose episode it ended (their next decision starts a
-        new one)."""
-        if self.mode == "milestone" and len(self._ids) == len(ended):
-            self._fresh[self._ids] |= ended.bool().cpu()
+    def episodes_ended(self, env_ids: list[int], ended: Tensor) -> None:
+        """``ended bool [B]``: which of the chunk's envs ``env_ids`` it ended an episode of (their next decision
+        starts a new one)."""
+        if self.mode == "milestone":
+            ids = torch.as_tensor(env_ids, dtype=torch.long)
+            self._grow(int(ids.max()) + 1 if len(ids) else 0)
+            self._fresh[ids] |= ended.bool().cpu()
 
     def reset(self) -> None:
         """Every env starts a new episode (the rollout engine reset them all)."""
