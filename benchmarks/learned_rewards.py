@@ -26,7 +26,9 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   reaches the sparse run's final success (target: <= 60% of the sparse run's steps, and the PRM run not ending
   below the sparse final's 95% interval: :func:`prm_ok`); ``--prm_mode`` picks the term's form. ``--prm NAME``
   names the PRM folder (another recipe, e.g. with ``--counterfactual``: every episode also under another
-  instruction, its stages recomputed) and its mixed run; the sparse run is shared.
+  instruction, its stages recomputed) and its mixed run; the sparse run is shared. ``--policy_episodes N`` adds N
+  episodes of the seed's pre-trained policy (stage-labelled like the expert's) to the PRM's training and held-out
+  data, so it has seen the states RL starts from; ``--prm_weight`` (default 1) other than 1 also names the mixed run.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -258,7 +260,7 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: in
 def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float,
              eval_episodes: int, episodes: int = 400, epochs: int = 8, start_success: float = 0.0,
              name: str = "progress", film: bool = True, counterfactual: bool = False,
-             mode: str = "potential") -> dict[str, Any]:
+             mode: str = "potential", policy_episodes: int = 0) -> dict[str, Any]:
     from rewards import RewardConfig
     from rewards.learned.terms import ProgressTermConfig
     from vla_rl.evaluation import wilson_interval
@@ -266,13 +268,14 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     prm = model_path(name, seed, out)
     model_row = None
     if not (prm / "config.json").exists():
-        model_row = part_model("progress", seed, episodes, epochs, out, name=name, film=film,
-                               counterfactual=counterfactual)
+        model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
+                               counterfactual=counterfactual, start_success=start_success)
     t0 = time.perf_counter()
     sparse_dir = out / f"prm-sparse-s{seed}"
     quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
                    eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start_success))
-    variant = ("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
+    variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
+               + ("" if weight == 1.0 else f"-w{weight:g}"))
     mixed_dir = out / f"prm-mixed{variant}-s{seed}"
     quickstart_run(seed, mixed_dir, RewardConfig(terms={"success": 1.0, "prm": weight},
                                                  prm=ProgressTermConfig(path=str(prm), mode=mode)),
@@ -655,11 +658,15 @@ def render(results: dict[str, Any]) -> str:
         out += [f"\nSeed {seed}: {r['note']}." for seed, r in _by_seed(sec) if r.get("note")]
     for key in prm_keys(results):
         sec = results[key]
-        mode = _by_seed(sec)[0][1].get("prm_mode", "potential")
+        first = _by_seed(sec)[0][1]
+        mode, weight = first.get("prm_mode", "potential"), first.get("prm_weight", 1.0)
+        models = [r["prm_model"] for _, r in _by_seed(sec) if r.get("prm_model")]
+        policy = max((m.get("policy_episodes", 0) for m in models), default=0)
+        data = f" The PRMs also learned from {policy} episodes of the seed's pre-trained policy." if policy else ""
         out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
-                f"`{{success: 1.0, prm: w}}` (`--reward.prm.mode {mode}`), evaluated every `--eval_every` iterations "
-                f"on 400 held-out episodes. {_conditions(sec)}.", "",
+                f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every `--eval_every` "
+                f"iterations on 400 held-out episodes.{data} {_conditions(sec)}.", "",
                 "*Sparse improved*: the sparse run's final lies above the start's 95% interval (otherwise matching it "
                 "says nothing about sample efficiency and the row cannot meet the target). *Met*: the sparse run "
                 "improved, the ratio is <= 0.6, and the PRM run does not end below the sparse final's 95% interval. "
@@ -790,8 +797,9 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=400, help="training and held-out episodes each (classifier)")
     p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
     p.add_argument("--policy_episodes", type=int, default=0,
-                   help="classifier: also this many episodes of the seed's pre-trained policy exploring, for "
-                        "training and held out (labelled by the simulator, as an operator would label them)")
+                   help="classifier / prm: also this many episodes of the seed's pre-trained policy exploring, for "
+                        "training and held out (labelled by the simulator, as an operator would label them, or by "
+                        "its stage predicates)")
     p.add_argument("--images_only", action="store_true", help="classifier: read the cameras only (no arm state)")
     p.add_argument("--film", action=argparse.BooleanOptionalAction, default=True,
                    help="classifier / prm: the instruction modulates the CNN's channels (FitConfig.film)")
@@ -806,7 +814,7 @@ def main() -> None:
     p.add_argument("--prm_weight", type=float, default=1.0)
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
-                        "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>]-s<seed>")
+                        "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>]-s<seed>")
     p.add_argument("--prm_mode", default="potential", choices=PRM_MODES,
                    help="prm: the term's form (reward.prm.mode): progress gained per chunk, or progress above the "
                         "episode's best so far (VLA-RL's milestones)")
@@ -874,7 +882,7 @@ def main() -> None:
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, args.start_success, args.prm, args.film,
-                               args.counterfactual, args.prm_mode)
+                               args.counterfactual, args.prm_mode, args.policy_episodes)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"
