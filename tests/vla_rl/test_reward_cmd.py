@@ -57,6 +57,15 @@ def test_toy_train_with_a_learned_reward_logs_its_term_stores_traces_and_reweigh
                "--fit.width", "4", "--source.policy", str(run_dir / "checkpoints" / "iter_000002" / "policy"),
                "--output", str(tmp_path / "prm1")])
     assert load_reward_model(out["path"]).config.kind == "progress"
+    # the expert's episodes plus the policy's own
+    policy = str(run_dir / "checkpoints" / "iter_000002" / "policy")
+    out = run(["reward", "train", *ENV, "--kind", "progress", "--source.episodes", "2", "--fit.epochs", "1",
+               "--fit.width", "4", "--also.policy", policy, "--also.episodes", "3", "--output", str(tmp_path / "prm2")])
+    config = load_reward_model(out["path"]).config
+    assert config.metrics["episodes"] == 5 and config.metrics["also"]["policy"] == policy
+    with pytest.raises(SystemExit) as exc:
+        run(["reward", "train", *ENV, "--kind", "progress", "--source.episodes", "2", "--also.policy", policy])
+    assert exc.value.code == 2 and "also.episodes must be > 0 when recording, got 0" in capsys.readouterr().err
     bad = RewardModel(RewardModelConfig(inputs={"observation.images.front": [64, 64, 3]}, width=4)).save(tmp_path / "b")
     with pytest.raises(SystemExit) as exc:
         run(["train", *TINY, "--iterations", "1", "--run_dir", str(tmp_path / "run2"), "--reward.terms",

@@ -5,7 +5,7 @@
   per-env action noise to get failures) or read from a LeRobotDataset (``--source.dataset DIR``); report
   held-out metrics; write the model folder (``vla-rl train --reward.classifier.path`` / ``--reward.prm.path``).
   Between RL phases, retrain the process reward model on the phase's policy: ``--source.policy
-  <run>/checkpoints/best/policy``.
+  <run>/checkpoints/best/policy``; ``--also.*`` adds a second source's episodes (the expert's plus a policy's).
 - ``eval``: a trained model's metrics on other episodes (e.g. 400 fresh ones).
 - ``reweigh``: recompute a run's advantages and returns with other term weights from its stored reward
   terms, without new rollouts (:mod:`vla_rl.reweigh`).
@@ -59,6 +59,11 @@ class RewardTrainConfig:
     labels: str = "stages"
     """``progress``: milestone labels, ``stages`` (stage predicates on privileged observations, MuJoCo
     tabletop) or ``events`` (gripper open/close and rest events of successful episodes; any data)."""
+    also: EpisodeSourceConfig = field(default_factory=lambda: EpisodeSourceConfig(episodes=0, seed=5_000))
+    """More episodes added to ``source``'s (off with ``episodes`` 0 and no ``dataset``): e.g. the expert's
+    (``source``) plus the policy RL will start from exploring (``--also.policy <sft_policy> --also.episodes 200``),
+    so the model has seen the states RL visits; a PRM trained on the expert alone over-scores them
+    (docs/rewards.md). Its own reset seeds (default 5000), so its episodes start from other states."""
     fit: FitConfig = field(default_factory=FitConfig)
     """Training settings."""
     output: str = ""
@@ -133,9 +138,10 @@ def _actor(name: str, env: Any, noise: list[float], seed: int) -> Any:
 
 
 def load_episodes(env_cfg: EnvConfig, source: EpisodeSourceConfig, keys: list[str] | None,
-                  model: Any = None) -> list[Any]:
-    """The labelled episodes ``source`` names (recorded from ``env_cfg`` or read from a dataset); with a reward
-    ``model``, the env's (or the dataset's first episode's) observations are checked against its inputs first.
+                  model: Any = None, name: str = "source") -> list[Any]:
+    """The labelled episodes ``source`` (the config field ``name``) names (recorded from ``env_cfg`` or read from
+    a dataset); with a reward ``model``, the env's (or the dataset's first episode's) observations are checked
+    against its inputs first.
 
     Raises:
         ConfigError: for a policy that is neither ``expert``, ``random`` nor a folder, or a dataset that cannot
@@ -152,9 +158,9 @@ def load_episodes(env_cfg: EnvConfig, source: EpisodeSourceConfig, keys: list[st
             model.check_batch(episodes[0].obs, where=f"dataset {source.dataset}")
         return episodes
     if source.policy not in SOURCE_POLICIES and not Path(source.policy).is_dir():
-        raise ConfigError(f"source.policy: {source.policy!r} is neither expert, random nor a policy folder")
+        raise ConfigError(f"{name}.policy: {source.policy!r} is neither expert, random nor a policy folder")
     if source.episodes <= 0:
-        raise ConfigError(f"source.episodes must be > 0 when recording, got {source.episodes}")
+        raise ConfigError(f"{name}.episodes must be > 0 when recording, got {source.episodes}")
     if source.policy not in SOURCE_POLICIES:
         from policies.io import checkpoint_cameras
 
@@ -203,6 +209,8 @@ def reward_train(cfg: RewardTrainConfig) -> dict[str, Any]:
         keys = list(cfg.fit.keys) + (["observation.env_state", "observation.state"] if needs_privileged else [])
         keys = list(dict.fromkeys(keys))
     episodes = load_episodes(cfg.env, cfg.source, keys)
+    if cfg.also.dataset or cfg.also.episodes or cfg.also.policy != "expert":
+        episodes += load_episodes(cfg.env, cfg.also, keys, name="also")
     kept, targets = _targets(cfg.kind, cfg.labels, episodes)
     try:
         model, train_idx, held_idx = fit_reward_model(
@@ -214,7 +222,7 @@ def reward_train(cfg: RewardTrainConfig) -> dict[str, Any]:
     train = _metrics(model, [kept[i] for i in train_idx], [targets[i] for i in train_idx], cfg.fit.threshold)
     model.config.metrics = {"held_out": held, "train": train, "episodes": len(kept), "env": cfg.env.id,
                             "labels": cfg.labels if cfg.kind == "progress" else "success",
-                            "source": dataclasses.asdict(cfg.source)}
+                            "source": dataclasses.asdict(cfg.source), "also": dataclasses.asdict(cfg.also)}
     out = Path(cfg.output) if cfg.output else default_runs_dir() / f"reward-{cfg.kind}-{cfg.env.id.replace('/', '-')}"
     path = model.save(out)
     _show(f"held-out ({len(held_idx)} episodes)", held)
