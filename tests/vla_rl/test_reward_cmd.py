@@ -109,3 +109,23 @@ def test_episodes_recorded_from_a_policy_folder_depend_on_the_seed_alone(tmp_pat
             episodes = record_episodes(env, _actor(str(tmp_path / "policy"), env, [], seed), 2, seed=3)
             runs.append(torch.cat([e.obs["observation.state"] for e in episodes]))
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_two_episode_sources_must_show_the_same_observations():
+    import torch
+
+    from rewards.learned.labels import Episode
+    from vla_rl.commands.reward import same_observations
+    from vla_rl.config import ConfigError
+
+    def episode(size: int, wrist: bool) -> Episode:
+        obs = {"observation.images.front": torch.zeros(3, size, size, 3, dtype=torch.uint8),
+               "observation.state": torch.zeros(3, 11)}
+        if wrist:
+            obs["observation.images.wrist"] = obs["observation.images.front"]
+        return Episode(obs=obs, success=torch.zeros(3, dtype=torch.bool), task="pick")
+
+    same_observations([episode(32, True)], [episode(32, True)])
+    for other in (episode(32, False), episode(64, True)):
+        with pytest.raises(ConfigError, match="also: its episodes' observations .* differ from source's"):
+            same_observations([episode(32, True)], [other])

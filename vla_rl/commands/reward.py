@@ -172,6 +172,17 @@ def load_episodes(env_cfg: EnvConfig, source: EpisodeSourceConfig, keys: list[st
         return record_episodes(env, actor, source.episodes, source.seed, keys, desc=f"record {env_cfg.id}")
 
 
+def same_observations(source: list[Any], also: list[Any]) -> None:
+    """Raises ConfigError unless the two sources' episodes hold the same observation keys and frame shapes."""
+    def shapes(episodes: list[Any]) -> dict[str, list[int]]:
+        return {k: list(v.shape[1:]) for k, v in sorted(episodes[0].obs.items())} if episodes else {}
+
+    a, b = shapes(source), shapes(also)
+    if a and b and a != b:
+        raise ConfigError(f"also: its episodes' observations {b} differ from source's {a}; record both with the same "
+                          "cameras and image size (or read both from datasets recorded alike)")
+
+
 def _targets(kind: str, labels: str, episodes: list[Any]) -> tuple[list[Any], list[torch.Tensor]]:
     from rewards.learned.labels import milestone_targets, success_targets
 
@@ -208,9 +219,17 @@ def reward_train(cfg: RewardTrainConfig) -> dict[str, Any]:
     if cfg.fit.keys:
         keys = list(cfg.fit.keys) + (["observation.env_state", "observation.state"] if needs_privileged else [])
         keys = list(dict.fromkeys(keys))
-    episodes = load_episodes(cfg.env, cfg.source, keys)
+    env_cfg = cfg.env
+    if cfg.also.policy not in SOURCE_POLICIES and Path(cfg.also.policy).is_dir():
+        from policies.io import checkpoint_cameras
+
+        # both sources record what that policy sees (its wrist camera), so their episodes can be trained on together
+        env_cfg = env_cfg.with_policy_cameras(checkpoint_cameras(cfg.also.policy), cfg.also.policy)
+    episodes = load_episodes(env_cfg, cfg.source, keys)
     if cfg.also.dataset or cfg.also.episodes or cfg.also.policy != "expert":
-        episodes += load_episodes(cfg.env, cfg.also, keys, name="also")
+        more = load_episodes(env_cfg, cfg.also, keys, name="also")
+        same_observations(episodes, more)
+        episodes += more
     kept, targets = _targets(cfg.kind, cfg.labels, episodes)
     try:
         model, train_idx, held_idx = fit_reward_model(
