@@ -143,11 +143,15 @@ class ProgressTerm(_ChunkOutcomeTerm):
         self._best = torch.zeros(0)
         self._fresh = torch.zeros(0, dtype=torch.bool)
 
-    def _grow(self, n: int) -> None:
-        if n > len(self._best):
-            extra = n - len(self._best)
+    def _rows(self, env_ids: list[int] | None, n: int) -> Tensor:
+        """The state rows of a chunk's ``n`` envs (``env_ids``; ``0..n-1`` without them), the state grown to hold
+        them (a new row starts an episode)."""
+        ids = torch.arange(n) if env_ids is None else torch.as_tensor(env_ids, dtype=torch.long)
+        extra = (int(ids.max()) + 1 if len(ids) else 0) - len(self._best)
+        if extra > 0:
             self._best = torch.cat([self._best, torch.zeros(extra)])
             self._fresh = torch.cat([self._fresh, torch.ones(extra, dtype=torch.bool)])
+        return ids
 
     def chunk_value(self, step: StepInput) -> Tensor:
         where = f"{step.env_id} observation"
@@ -155,8 +159,7 @@ class ProgressTerm(_ChunkOutcomeTerm):
         before = self.model.predict(step.obs, where=where)
         if self.mode == "potential":
             return after - before
-        ids = torch.arange(len(before)) if step.env_ids is None else torch.as_tensor(step.env_ids, dtype=torch.long)
-        self._grow(int(ids.max()) + 1 if len(ids) else 0)
+        ids = self._rows(step.env_ids, len(before))
         best = torch.where(self._fresh[ids], before, self._best[ids])  # a new episode starts from where it is
         self._best[ids] = torch.maximum(best, after)
         self._fresh[ids] = False
@@ -166,9 +169,7 @@ class ProgressTerm(_ChunkOutcomeTerm):
         """``ended bool [B]``: which of the chunk's envs ``env_ids`` it ended an episode of (their next decision
         starts a new one)."""
         if self.mode == "milestone":
-            ids = torch.as_tensor(env_ids, dtype=torch.long)
-            self._grow(int(ids.max()) + 1 if len(ids) else 0)
-            self._fresh[ids] |= ended.bool().cpu()
+            self._fresh[self._rows(env_ids, len(ended))] |= ended.bool().cpu()
 
     def reset(self) -> None:
         """Every env starts a new episode (the rollout engine reset them all)."""

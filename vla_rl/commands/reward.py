@@ -161,15 +161,22 @@ def load_episodes(env_cfg: EnvConfig, source: EpisodeSourceConfig, keys: list[st
         raise ConfigError(f"{name}.policy: {source.policy!r} is neither expert, random nor a policy folder")
     if source.episodes <= 0:
         raise ConfigError(f"{name}.episodes must be > 0 when recording, got {source.episodes}")
-    if source.policy not in SOURCE_POLICIES:
-        from policies.io import checkpoint_cameras
-
-        env_cfg = env_cfg.with_policy_cameras(checkpoint_cameras(source.policy), source.policy)
+    env_cfg = with_source_cameras(env_cfg, source)
     with env_cfg.make(seed=source.seed) as env:
         if model is not None:
             model.check_inputs({k: v.shape for k, v in env.spec.observation.items()}, where=env_cfg.id)
         actor = _actor(source.policy, env, source.action_noise, source.seed)
         return record_episodes(env, actor, source.episodes, source.seed, keys, desc=f"record {env_cfg.id}")
+
+
+def with_source_cameras(env_cfg: EnvConfig, source: EpisodeSourceConfig) -> EnvConfig:
+    """``env_cfg`` with the cameras ``source``'s policy folder reads turned on (its wrist camera); unchanged for the
+    expert, random actions or a path that is not a folder."""
+    if source.policy in SOURCE_POLICIES or not Path(source.policy).is_dir():
+        return env_cfg
+    from policies.io import checkpoint_cameras
+
+    return env_cfg.with_policy_cameras(checkpoint_cameras(source.policy), source.policy)
 
 
 def same_observations(source: list[Any], also: list[Any]) -> None:
@@ -219,12 +226,8 @@ def reward_train(cfg: RewardTrainConfig) -> dict[str, Any]:
     if cfg.fit.keys:
         keys = list(cfg.fit.keys) + (["observation.env_state", "observation.state"] if needs_privileged else [])
         keys = list(dict.fromkeys(keys))
-    env_cfg = cfg.env
-    if cfg.also.policy not in SOURCE_POLICIES and Path(cfg.also.policy).is_dir():
-        from policies.io import checkpoint_cameras
-
-        # both sources record what that policy sees (its wrist camera), so their episodes can be trained on together
-        env_cfg = env_cfg.with_policy_cameras(checkpoint_cameras(cfg.also.policy), cfg.also.policy)
+    # both sources record what an ``also`` policy sees, so their episodes can be trained on together
+    env_cfg = with_source_cameras(cfg.env, cfg.also)
     episodes = load_episodes(env_cfg, cfg.source, keys)
     if cfg.also.dataset or cfg.also.episodes or cfg.also.policy != "expert":
         more = load_episodes(env_cfg, cfg.also, keys, name="also")
