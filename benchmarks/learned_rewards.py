@@ -28,7 +28,9 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   names the PRM folder (another recipe, e.g. with ``--counterfactual``: every episode also under another
   instruction, its stages recomputed) and its mixed run; the sparse run is shared. ``--policy_episodes N`` adds N
   episodes of the seed's pre-trained policy (stage-labelled like the expert's) to the PRM's training and held-out
-  data, so it has seen the states RL starts from; ``--prm_weight`` (default 1) other than 1 also names the mixed run.
+  data, so it has seen the states RL starts from; ``--prm_weight`` (default 1) other than 1 also names the mixed run,
+  and so does ``--prm_anneal W`` (the prm weight moves linearly to ``W`` by the run's last iteration:
+  ``reward.anneal``).
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -260,7 +262,7 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: in
 def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float,
              eval_episodes: int, episodes: int = 400, epochs: int = 8, start_success: float = 0.0,
              name: str = "progress", film: bool = True, counterfactual: bool = False,
-             mode: str = "potential", policy_episodes: int = 0) -> dict[str, Any]:
+             mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None) -> dict[str, Any]:
     from rewards import RewardConfig
     from rewards.learned.terms import ProgressTermConfig
     from vla_rl.evaluation import wilson_interval
@@ -275,10 +277,11 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
                    eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start_success))
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
-               + ("" if weight == 1.0 else f"-w{weight:g}"))
+               + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}"))
     mixed_dir = out / f"prm-mixed{variant}-s{seed}"
     quickstart_run(seed, mixed_dir, RewardConfig(terms={"success": 1.0, "prm": weight},
-                                                 prm=ProgressTermConfig(path=str(prm), mode=mode)),
+                                                 prm=ProgressTermConfig(path=str(prm), mode=mode),
+                                                 anneal={} if anneal is None else {"prm": anneal}),
                    iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes)
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     start = sparse[0][1]
@@ -287,7 +290,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     row = {"seed": seed, "start": start, "sparse_final": target, "sparse_steps": sparse[-1][0],
            "mixed_final": mixed[-1][1], "mixed_steps_to_sparse_final": reached, "step_ratio": ratio,
            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
-           "wall_s": time.perf_counter() - t0, "prm": str(prm), "prm_model": model_row,
+           "prm_anneal": anneal, "wall_s": time.perf_counter() - t0, "prm": str(prm), "prm_model": model_row,
            # matching a sparse run that did not improve on the start (its final inside the start's 95% interval)
            # says nothing about sample efficiency
            "sparse_improved": target > start_high}
@@ -664,10 +667,13 @@ def render(results: dict[str, Any]) -> str:
         policy = max((m.get("policy_episodes", 0) for m in models), default=0)
         every = sec.get("conditions", {}).get("args", {}).get("eval_every", 25)
         data = f" The PRMs also learned from {policy} episodes of the seed's pre-trained policy." if policy else ""
+        anneal = first.get("prm_anneal")
+        fade = (f" The prm weight moved linearly from {weight:g} to {anneal:g} over the run (`--reward.anneal "
+                f"'{{prm: {anneal:g}}}'`)." if anneal is not None else "")
         out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "
-                f"({first['mixed_curve'][1][0]:,} env steps) on 400 held-out episodes.{data} {_conditions(sec)}.", "",
+                f"({first['mixed_curve'][1][0]:,} env steps) on 400 held-out episodes.{data}{fade} {_conditions(sec)}.", "",
                 "*Sparse improved*: the sparse run's final lies above the start's 95% interval (otherwise matching it "
                 "says nothing about sample efficiency and the row cannot meet the target). *Met*: the sparse run "
                 "improved, the ratio is <= 0.6, and the PRM run does not end below the sparse final's 95% interval. "
@@ -816,9 +822,12 @@ def main() -> None:
                         "run's env steps, the target's line; 25, the default before session 42, put the last one "
                         "at or under the line at 50%%)")
     p.add_argument("--prm_weight", type=float, default=1.0)
+    p.add_argument("--prm_anneal", type=float, default=None,
+                   help="prm: the weight the prm term reaches at the run's last iteration, linearly from --prm_weight "
+                        "(reward.anneal; names the mixed run -a<weight>)")
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
-                        "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>]-s<seed>")
+                        "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>][-a<anneal>]-s<seed>")
     p.add_argument("--prm_mode", default="potential", choices=PRM_MODES,
                    help="prm: the term's form (reward.prm.mode): progress gained per chunk, or progress above the "
                         "episode's best so far (VLA-RL's milestones)")
@@ -886,7 +895,7 @@ def main() -> None:
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, args.start_success, args.prm, args.film,
-                               args.counterfactual, args.prm_mode, args.policy_episodes)
+                               args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"

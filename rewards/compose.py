@@ -111,6 +111,11 @@ class RewardFunction:
         self._terms: dict[str, RewardTerm] = {name: make_term(name, getattr(config, name, None))
                                               for name, _ in self.weights}
 
+    def set_progress(self, progress: float) -> None:
+        """Move the annealed weights (``RewardConfig.anneal``) to training's ``progress`` (``iteration /
+        iterations``); the terms' per-episode state is kept."""
+        self.weights = self.config.weights(progress)
+
     @property
     def ends_episodes(self) -> bool:
         """Whether a configured term can end episodes (a success classifier with ``terminate``)."""

@@ -255,6 +255,8 @@ class Trainer:
             policy.train()
             if self.curriculum is not None:  # this iteration's resets draw their tasks from these weights
                 env.schedule_tasks(weights=self.curriculum.weights())
+            if cfg.reward.anneal:  # a function of the iteration alone, so a resumed run anneals the same
+                engine.reward.set_progress(it / cfg.iterations)
             done_iter = it + 1
             is_last = done_iter == cfg.iterations
             evaluates = is_last or bool(cfg.eval.every and done_iter % cfg.eval.every == 0)
@@ -277,6 +279,8 @@ class Trainer:
             else:  # a dataset learner: drawing its batch
                 scalars["time/rollout_other_s"] = t1 - t0
             scalars = dist.merge_scalars(scalars, summed=("time/env_steps_per_s",))
+            if cfg.reward.anneal:
+                scalars.update({f"reward/weight/{k}": w for k, w in engine.reward.weights if k in cfg.reward.anneal})
             if isinstance(batch, Rollout):
                 episodes = dist.gather_objects(list(batch.episodes))  # every rank's, so the curriculum agrees
                 scalars = {**rollout_scalars(batch, episodes), **scalars}
@@ -297,7 +301,7 @@ class Trainer:
             every = cfg.reward.save_terms_every
             if isinstance(batch, Rollout) and every and done_iter % every == 0 and dist.is_main:  # reward reweigh
                 save_reward_trace(batch, self.run_dir / TRACE_DIR / f"iter_{done_iter:06d}.pt",
-                                  self._config_dict()["algo"], cfg.reward.weights())
+                                  self._config_dict()["algo"], engine.reward.weights)
             shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
             bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
                             eval=f"{last.success_rate:.2f}" if last else "-", time=time_summary(scalars))

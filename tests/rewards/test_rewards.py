@@ -110,6 +110,25 @@ def test_reward_config_validation_and_registry():
     assert make_term("action_magnitude")(step).tolist() == [25.0]
 
 
+def test_annealed_weights_move_linearly_to_their_end_and_stay():
+    cfg = RewardConfig(terms={"success": 1.0, "prm": 0.5}, anneal={"prm": 0.0}, anneal_end=0.5)
+    assert cfg.weights() == [("success", 1.0), ("prm", 0.5)]  # the configured weights at the start
+    assert cfg.weights(0.25) == [("success", 1.0), ("prm", 0.25)]
+    assert cfg.weights(0.5) == cfg.weights(0.9) == [("success", 1.0), ("prm", 0.0)]
+    assert RewardConfig(terms={"prm": 0.5}, anneal={"prm": 1.5}).weights(0.5) == [("prm", 1.0)]  # upwards too
+    fn = RewardFunction(RewardConfig(terms={"success": 1.0, "action_magnitude": -1.0},
+                                     anneal={"action_magnitude": 0.0}), "toy/hand")
+    fn.set_progress(0.25)
+    assert fn.weights == [("success", 1.0), ("action_magnitude", -0.75)]
+    with pytest.raises(ValueError, match=r"reward.anneal.pmr: not a reward term; anneal one of reward.terms "
+                                         r"\(success, prm\)"):
+        RewardConfig(terms={"success": 1.0, "prm": 0.5}, anneal={"pmr": 0.0})
+    with pytest.raises(ValueError, match="reward.anneal.prm: the final weight must be a finite number"):
+        RewardConfig(terms={"prm": 0.5}, anneal={"prm": float("inf")})
+    with pytest.raises(ValueError, match=r"reward.anneal_end must be in \(0, 1\], got 0.0"):
+        RewardConfig(terms={"prm": 0.5}, anneal={"prm": 0.0}, anneal_end=0.0)
+
+
 def _env(n: int = 2, steps: int = 3, goal: float = 100.0) -> SerialVecEnv:
     factories = [functools.partial(CounterEnv, episode_steps=steps, goal=goal) for _ in range(n)]
     return SerialVecEnv(factories, "toy/counter")

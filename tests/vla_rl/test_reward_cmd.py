@@ -74,6 +74,22 @@ def test_toy_train_with_a_learned_reward_logs_its_term_stores_traces_and_reweigh
     assert exc.value.code == 2 and all(w in err for w in ("observation.images.front", "[32, 32, 3]", "[64, 64, 3]"))
 
 
+def test_an_annealed_term_weight_is_logged_applied_and_stored_per_iteration(tmp_path):
+    run_dir = tmp_path / "run"
+    run(["train", *TINY, "--iterations", "3", "--run_dir", str(run_dir), "--reward.terms",
+         "{success: 1.0, action_magnitude: -1.0}", "--reward.anneal", "{action_magnitude: 0.0}"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "reward/action_magnitude" in r]
+    weights = [r["reward/weight/action_magnitude"] for r in trained]
+    assert weights == pytest.approx([-1.0, -2 / 3, -1 / 3])  # iteration / iterations of the way to 0
+    assert all(r["reward/action_magnitude"] > 0 for r in trained)
+    for r, w in zip(trained, weights):  # the decision reward is the weighted terms with that iteration's weight
+        assert r["rollout/chunk_reward"] == pytest.approx(r["reward/success"] + w * r["reward/action_magnitude"],
+                                                          rel=1e-4, abs=1e-6)
+    result = run(["reward", "reweigh", "--run", str(run_dir), "--terms", "{success: 1.0}"])
+    assert [r["reproduced"] for r in result["iterations"]] == [1.0, 1.0, 1.0]  # each trace keeps its weights
+
+
 def test_reward_terms_from_the_command_line_or_a_preset_replace_the_default(tmp_path):
     from vla_rl.cli import parse_config
     from vla_rl.train_config import TrainConfig
