@@ -256,11 +256,18 @@ def classifier_metrics(model: RewardModel, episodes: list[Episode], threshold: f
 
 
 def progress_metrics(model: RewardModel, episodes: list[Episode], targets: list[Tensor]) -> dict[str, Any]:
-    """Mean absolute error and Spearman rank correlation of predicted vs labelled progress on ``episodes``."""
+    """Mean absolute error and Spearman rank correlation of predicted vs labelled progress on ``episodes``, and
+    ``max_excess``: the mean over episodes of (the highest progress predicted in the episode - the highest
+    labelled), what the ``milestone`` form (:class:`rewards.learned.terms.ProgressTerm`) would pay an episode beyond
+    its true milestones (``max_excess_failed``: over the episodes that did not succeed, where over-paying teaches a
+    policy to fail; absent when every episode succeeded)."""
     if not episodes:
         return {}
     pred = model.predict(model_batch(model, episodes), where="held-out frames")
     y = torch.cat(targets).float()
+    excess = torch.stack([p.max() - t.float().max() for p, t in
+                          zip(pred.split([len(t) for t in targets]), targets)])
+    failed = torch.tensor([not e.succeeded for e in episodes])
 
     def ranks(x: Tensor) -> Tensor:
         return torch.argsort(torch.argsort(x)).float()
@@ -268,5 +275,8 @@ def progress_metrics(model: RewardModel, episodes: list[Episode], targets: list[
     rp, ry = ranks(pred), ranks(y)
     rp, ry = rp - rp.mean(), ry - ry.mean()
     corr = float((rp * ry).sum() / (rp.norm() * ry.norm()).clamp_min(1e-9))
-    return {"episodes": len(episodes), "frames": int(y.numel()), "mae": float((pred - y).abs().mean()),
-            "spearman": corr}
+    out = {"episodes": len(episodes), "frames": int(y.numel()), "mae": float((pred - y).abs().mean()),
+           "spearman": corr, "max_excess": float(excess.mean())}
+    if failed.any():
+        out["max_excess_failed"] = float(excess[failed].mean())
+    return out

@@ -179,6 +179,19 @@ def test_first_verdict_accuracy_counts_failures_the_classifier_fires_on_anywhere
     assert m["first_verdict_accuracy"] == 0.75 and m["failures_called_success"] == 1  # any frame: ep 1 wrong
 
 
+def test_progress_metrics_report_what_the_milestone_form_would_overpay():
+    def ep(flags):
+        return Episode(obs={CAM: torch.zeros(len(flags), 1, 1, 3, dtype=torch.uint8)},
+                       success=torch.tensor(flags), task="x")
+
+    eps = [ep([False, True]), ep([False, False, False])]  # a success, a failure
+    targets = [torch.tensor([0.5, 1.0]), torch.tensor([0.0, 0.25, 0.25])]
+    m = progress_metrics(_FixedClassifier([0.5, 0.9, 0.0, 0.75, 0.5]), eps, targets)  # preset per-frame values
+    # episode maxima: predicted 0.9 and 0.75 against labelled 1.0 and 0.25
+    assert m["max_excess"] == pytest.approx((-0.1 + 0.5) / 2) and m["max_excess_failed"] == pytest.approx(0.5)
+    assert "max_excess_failed" not in progress_metrics(_FixedClassifier([0.5, 0.9]), eps[:1], targets[:1])
+
+
 def test_progress_model_learns_a_progress_label_on_tiny_data():
     torch.manual_seed(0)
     eps = _counter_episodes(100)
