@@ -30,7 +30,9 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   episodes of the seed's pre-trained policy (stage-labelled like the expert's) to the PRM's training and held-out
   data, so it has seen the states RL starts from; ``--prm_weight`` (default 1) other than 1 also names the mixed run,
   and so does ``--prm_anneal W`` (the prm weight moves linearly to ``W`` by the run's last iteration:
-  ``reward.anneal``).
+  ``reward.anneal``). ``--env`` runs it on another tabletop task, e.g. ``mujoco/stack-any`` (reach, grasp, lift,
+  place: the hardest single-skill task), with its own pre-trained start (``--demos``, ``--sft_steps``,
+  ``--start_success``, ``--check_every``) in an ``--out`` of its own.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -63,6 +65,10 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts prm --prm progress-v2 --counterfactual --seeds 0 2 3 --tag progress-v2
     python benchmarks/learned_rewards.py --parts prm --prm progress-v2 --counterfactual --prm_mode milestone \
         --seeds 0 1 2 --tag "progress-v2, milestone"
+    python benchmarks/learned_rewards.py --parts prm --env mujoco/stack-any --demos 200 --sft_steps 6000 \
+        --start_success 0.25 --check_every 500 --policy_episodes 200 --prm progress-v3 --counterfactual \
+        --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/stack \
+        --tag "stack-any, milestone, w 0.5 annealed to 0"
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
         --out /work/exp/s39/rw --reeval_per_task 100
@@ -98,35 +104,64 @@ HELD_OUT_SEED = 7_000_000
 CLASSIFIER_PARTS = ("classifier", "ppo-classifier", "bc-classifier")
 
 
-def env_config(num_envs: int = 16) -> Any:
-    from vla_rl.commands.quickstart import _quickstart_env
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where every RL part of a seed starts: the task (an env id) and the pre-training that makes its policy (the
+    ``quickstart_ppo`` preset's demos and imitation unless set)."""
 
-    return dataclasses.replace(_quickstart_env(), num_envs=num_envs, num_workers=0)
+    env_id: str = "mujoco/pick-any"
+    demos: int = 0
+    """Expert demos pre-trained on (0: the preset's 50)."""
+    sft_steps: int = 0
+    """Imitation steps (0: the preset's 700)."""
+    success: float = 0.0
+    """> 0: stop the imitation at the first success check (64 episodes of its own seeds) that reaches this rate, so
+    every seed starts near the same success instead of wherever its steps land (``--start_success``)."""
+    check_every: int = 50
+    """Imitation steps between those checks (the first after twice as many)."""
+
+    def env(self, num_envs: int | None = None, workers: int | None = None) -> Any:
+        """The quickstart's env config on this task (its cameras, image size and worker processes unless set)."""
+        from vla_rl.commands.quickstart import _quickstart_env
+
+        cfg = dataclasses.replace(_quickstart_env(), id=self.env_id)
+        if num_envs is not None:
+            cfg = dataclasses.replace(cfg, num_envs=num_envs)
+        return cfg if workers is None else dataclasses.replace(cfg, num_workers=workers)
+
+    def sft(self, base: Any) -> Any:
+        """``base`` (the preset's SFTConfig) with this start's steps, demos and stop."""
+        sft = dataclasses.replace(base, steps=self.sft_steps or base.steps, episodes=max(base.episodes, self.demos))
+        if self.success:
+            sft = dataclasses.replace(sft, stop_at_success=self.success, check_from=2 * self.check_every,
+                                      check_every=self.check_every)
+        return sft
 
 
-def record(seed: int, episodes: int, desc: str, policy: str = "expert") -> list[Any]:
-    """Episodes of the scripted expert with action noise :data:`NOISE`, or of a policy folder (exploring)."""
+def record(seed: int, episodes: int, desc: str, policy: str = "expert", start: Start = Start()) -> list[Any]:
+    """Episodes of the scripted expert with action noise :data:`NOISE`, or of a policy folder (exploring), on the
+    start's task."""
     from rewards.learned.data import record_episodes
     from vla_rl.commands.reward import _actor
 
-    cfg = env_config()
-    with cfg.make(seed=seed) as env:
+    with start.env(num_envs=16, workers=0).make(seed=seed) as env:
         return record_episodes(env, _actor(policy, env, NOISE, seed), episodes, seed, desc=desc)
 
 
-def pretrained(seed: int, out: Path, start_success: float = 0.0) -> Path:
-    """The quickstart's pre-trained policy of ``seed`` (``quickstart_ppo``'s demos and imitation; no RL), its run
-    folder: every RL part of ``seed`` starts from it. ``start_success`` > 0 stops the imitation at the first
-    success check (64 episodes of its own seeds, every 50 steps from step 100) that reaches it, so every seed
-    starts near the same success instead of wherever its 700 steps land."""
+def pretrained(seed: int, out: Path, start: Start = Start()) -> Path:
+    """The pre-trained policy of ``seed`` (:class:`Start`; no RL), its run folder: every RL part of ``seed`` starts
+    from it. A folder made with another start is an error (its ``start.json`` says which)."""
     run = out / f"pretrained-s{seed}"
-    marker = run / "start_success.json"
+    marker = run / "start.json"
     if not (run / "report.json").exists():
-        quickstart_run(seed, run, None, 0, 0, eval_episodes=1, start_success=start_success)
-        write_json(marker, {"start_success": start_success})
-    made = json.loads(marker.read_text())["start_success"] if marker.exists() else 0.0
-    if made != start_success:
-        raise SystemExit(f"{run} was pre-trained with --start_success {made}, not {start_success}: use another --out")
+        quickstart_run(seed, run, None, 0, 0, eval_episodes=1, start=start)
+        write_json(marker, dataclasses.asdict(start))
+    elif not marker.exists() and (run / "start_success.json").exists():  # folders made before Start existed
+        write_json(marker, dataclasses.asdict(Start(success=json.loads((run / "start_success.json").read_text())
+                                                    ["start_success"])))
+    made = Start(**json.loads(marker.read_text())) if marker.exists() else Start()
+    if made != start:
+        raise SystemExit(f"{run} was pre-trained as {made}, not {start}: use another --out")
     return run
 
 
@@ -135,7 +170,7 @@ def model_path(kind: str, seed: int, out: Path) -> Path:
 
 
 def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, policy_episodes: int = 0,
-               images_only: bool = False, name: str = "", start_success: float = 0.0, film: bool = True,
+               images_only: bool = False, name: str = "", start: Start = Start(), film: bool = True,
                counterfactual: bool = False) -> dict[str, Any]:
     """Train a classifier (or a stage-labelled progress model) and score it on held-out episodes: ``episodes`` of
     the noisy expert, plus ``policy_episodes`` of the seed's pre-trained policy exploring (its near misses and
@@ -144,12 +179,13 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
     from rewards.learned.train import FitConfig, classifier_metrics, fit_reward_model, progress_metrics
 
     t0 = time.perf_counter()
-    train = record(seed * 10_000, episodes, f"record train s{seed}")
-    held = record(HELD_OUT_SEED + seed * 10_000, episodes, f"record held-out s{seed}")
+    train = record(seed * 10_000, episodes, f"record train s{seed}", start=start)
+    held = record(HELD_OUT_SEED + seed * 10_000, episodes, f"record held-out s{seed}", start=start)
     if policy_episodes:
-        policy = str(pretrained(seed, out, start_success) / "sft_policy")
-        train += record(seed * 10_000 + 5_000, policy_episodes, f"record policy train s{seed}", policy)
-        held += record(HELD_OUT_SEED + seed * 10_000 + 5_000, policy_episodes, f"record policy held-out s{seed}", policy)
+        policy = str(pretrained(seed, out, start) / "sft_policy")
+        train += record(seed * 10_000 + 5_000, policy_episodes, f"record policy train s{seed}", policy, start)
+        held += record(HELD_OUT_SEED + seed * 10_000 + 5_000, policy_episodes, f"record policy held-out s{seed}",
+                       policy, start)
     t1 = time.perf_counter()
     keys = [k for k in train[0].obs if k.startswith("observation.images.")] if images_only else []
     fit = FitConfig(epochs=epochs, holdout=0.0, seed=seed, keys=keys, film=film, counterfactual=counterfactual)
@@ -177,14 +213,14 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
 
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
                    sft_from: Path | None = None, eval_episodes: int = 400, preset: str = "quickstart_ppo",
-                   env: Any = None, per_task: int = 0, start_success: float = 0.0, algo: dict[str, Any] | None = None,
+                   env: Any = None, per_task: int = 0, start: Start | None = None, algo: dict[str, Any] | None = None,
                    **fields: Any) -> dict[str, Any]:
     """``vla-rl quickstart`` (``preset``; empty = its defaults) with the RL stage's reward replaced by ``reward``
     (a RewardConfig; None = the preset's), the env by ``env`` (an EnvConfig), the evaluation by the ``per_task``
     protocol with that many episodes per task (0 = the quickstart's seeded episodes) and other QuickstartConfig
     ``fields`` set, and the preset's learner config with ``algo``'s fields; ``sft_from``: a run folder whose
-    pre-trained policy this run starts from; ``start_success``: stop the imitation once a success check reaches it
-    (:func:`pretrained`)."""
+    pre-trained policy this run starts from; ``start``: the task and pre-training of a run that pre-trains
+    (:func:`pretrained`; its env unless ``env`` is given)."""
     import shutil
 
     from vla_rl.cli import parse_config
@@ -209,8 +245,10 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
         # quickstart_ppo: the quickstart with its Flow-SDE PPO stage, where the reward drives the update
         # (filtered_bc, the default, reads success only)
         base = parse_config(qs.QuickstartConfig, ["--preset", preset] if preset else [])
-        if start_success:
-            fields["sft"] = dataclasses.replace(base.sft, stop_at_success=start_success, check_from=100, check_every=50)
+        if start is not None:
+            fields["sft"] = start.sft(base.sft)
+            fields.setdefault("demos", max(base.demos, start.demos))
+            env = env if env is not None else start.env()
         if algo:
             fields["algo"] = dataclasses.replace(base.algo, **algo)
         cfg = dataclasses.replace(
@@ -233,7 +271,7 @@ def evals(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
 
 
 def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: int,
-                        kind: str = "classifier", start_success: float = 0.0, learner: str = "ppo") -> dict[str, Any]:
+                        kind: str = "classifier", start: Start = Start(), learner: str = "ppo") -> dict[str, Any]:
     """RL with the classifier as the only reward from the seed's pre-trained start: ``learner`` ``ppo`` (the
     ``quickstart_ppo`` preset) or ``filtered_bc`` (the quickstart's own stage, imitating the episodes the
     classifier calls successes)."""
@@ -250,7 +288,7 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: in
     else:  # a classifier success verdict pays 1 and ends the episode: return 1 is a success
         run, preset, algo = out / f"bc-{kind}-s{seed}", "", {"success_return": 1.0}
     s = quickstart_run(seed, run, reward, iterations, 0, eval_episodes=eval_episodes,
-                       sft_from=pretrained(seed, out, start_success), preset=preset, algo=algo)
+                       sft_from=pretrained(seed, out, start), preset=preset, algo=algo, env=start.env())
     n = s["episodes_per_eval"]
     return {"seed": seed, "before": s["success_before"], "after": s["success_after"],
             "gain": s["success_after"] - s["success_before"], "before_ci": s["success_before_ci"],
@@ -260,7 +298,7 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: in
 
 
 def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float,
-             eval_episodes: int, episodes: int = 400, epochs: int = 8, start_success: float = 0.0,
+             eval_episodes: int, episodes: int = 400, epochs: int = 8, start: Start = Start(),
              name: str = "progress", film: bool = True, counterfactual: bool = False,
              mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None) -> dict[str, Any]:
     from rewards import RewardConfig
@@ -271,18 +309,18 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     model_row = None
     if not (prm / "config.json").exists():
         model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
-                               counterfactual=counterfactual, start_success=start_success)
+                               counterfactual=counterfactual, start=start)
     t0 = time.perf_counter()
     sparse_dir = out / f"prm-sparse-s{seed}"
     quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
-                   eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start_success))
+                   eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start), env=start.env())
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
                + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}"))
     mixed_dir = out / f"prm-mixed{variant}-s{seed}"
     quickstart_run(seed, mixed_dir, RewardConfig(terms={"success": 1.0, "prm": weight},
                                                  prm=ProgressTermConfig(path=str(prm), mode=mode),
                                                  anneal={} if anneal is None else {"prm": anneal}),
-                   iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes)
+                   iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes, env=start.env())
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     start = sparse[0][1]
     target, reached, ratio = prm_crossing(sparse, mixed)
@@ -497,6 +535,19 @@ def _conditions(section: dict[str, Any]) -> str:
             f"{c.get('date', '?')}, load average {c.get('load_average_at_end', float('nan')):.1f} at the end")
 
 
+def _start(section: dict[str, Any]) -> str:
+    """Where a section's runs start, when not the quickstart's task and pre-training: its env and recipe."""
+    args = section.get("conditions", {}).get("args", {})
+    env = args.get("env", "mujoco/pick-any")
+    if env == "mujoco/pick-any" and not args.get("demos") and not args.get("sft_steps"):
+        return ""
+    recipe = f"{args.get('demos') or 50} expert demos, {args.get('sft_steps') or 700} imitation steps"
+    if args.get("start_success"):
+        recipe += (f" at most (stopped at the first 64-episode check, every {args.get('check_every', 50)} steps, "
+                   f"that reached {args['start_success']:g})")
+    return f" On `{env}`; the pre-trained start: {recipe}."
+
+
 def plot_name(key: str) -> str:
     """The image of a results section: ``<part>.png`` (``curriculum.png``, ``prm.png``), or ``<part>-<tag slug>.png``
     for a tagged section."""
@@ -673,7 +724,8 @@ def render(results: dict[str, Any]) -> str:
         out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "
-                f"({first['mixed_curve'][1][0]:,} env steps) on 400 held-out episodes.{data}{fade} {_conditions(sec)}.", "",
+                f"({first['mixed_curve'][1][0]:,} env steps) on 400 held-out episodes.{_start(sec)}{data}{fade} "
+                f"{_conditions(sec)}.", "",
                 "*Sparse improved*: the sparse run's final lies above the start's 95% interval (otherwise matching it "
                 "says nothing about sample efficiency and the row cannot meet the target). *Met*: the sparse run "
                 "improved, the ratio is <= 0.6, and the PRM run does not end below the sparse final's 95% interval. "
@@ -848,6 +900,18 @@ def main() -> None:
     p.add_argument("--start_success", type=float, default=0.0,
                    help="ppo-classifier / prm: stop each seed's imitation once a success check reaches this rate "
                         "(0 = the preset's 700 steps), so the RL parts start near the same success on every seed")
+    p.add_argument("--env", default="mujoco/pick-any",
+                   help="classifier / ppo-classifier / prm: the task (an env id of the MuJoCo tabletop: its scripted "
+                        "expert records the reward models' data and its stage predicates label them), e.g. "
+                        "mujoco/stack-any, a four-stage task; --out must be a folder of its own")
+    p.add_argument("--demos", type=int, default=0,
+                   help="expert demos of the pre-trained start (0 = the quickstart_ppo preset's 50)")
+    p.add_argument("--sft_steps", type=int, default=0,
+                   help="imitation steps of the pre-trained start (0 = the preset's 700; --start_success may stop "
+                        "it sooner)")
+    p.add_argument("--check_every", type=int, default=50,
+                   help="with --start_success: imitation steps between its success checks (the first after twice as "
+                        "many)")
     p.add_argument("--tag", default="",
                    help="file this run's rows under '<part> (TAG)' in rewards.json (a variant of a part's settings), "
                         "not the part's own section")
@@ -874,6 +938,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     out = Path(args.out)
+    start = Start(args.env, args.demos, args.sft_steps, args.start_success, args.check_every)
     if args.reeval:
         reevaluate(args.reeval, out, args.seeds, args.reeval_per_task)
         return
@@ -882,19 +947,19 @@ def main() -> None:
             t0 = time.perf_counter()
             if part == "classifier":
                 row = part_model("classifier", seed, args.episodes, args.epochs, out, args.policy_episodes,
-                                 args.images_only, args.classifier, args.start_success, args.film,
+                                 args.images_only, args.classifier, start, args.film,
                                  args.counterfactual)
                 row["ok"] = row["episode_accuracy"] >= 0.95
             elif part in ("ppo-classifier", "bc-classifier"):
                 row = part_ppo_classifier(seed, out, args.iterations, args.eval_episodes, args.classifier,
-                                          args.start_success, "ppo" if part == "ppo-classifier" else "filtered_bc")
+                                          start, "ppo" if part == "ppo-classifier" else "filtered_bc")
             elif part == "curriculum":
                 row = part_curriculum(seed, out, args.curriculum_iterations, args.per_task, args.curriculum_demos,
                                       args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer,
                                       args.curriculum_preset)
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
-                               args.episodes, args.epochs, args.start_success, args.prm, args.film,
+                               args.episodes, args.epochs, start, args.prm, args.film,
                                args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside

@@ -2,6 +2,7 @@
 ``docs/benchmarks.md``, for tests that hold a script's functions or its rendered tables to account."""
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -12,6 +13,7 @@ def load_benchmark(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as a module (the scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 

@@ -5,6 +5,8 @@ resumed in segments is timed over all of them."""
 import copy
 import json
 
+import pytest
+
 from tests.benchmarks import docs_section, load_benchmark
 
 bench = load_benchmark("learned_rewards")
@@ -97,3 +99,45 @@ def test_a_prm_run_that_gets_there_early_and_then_collapses_does_not_meet_the_ta
     assert not bench.prm_ok({**row, "step_ratio": 0.75})
     assert not bench.prm_ok({**row, "step_ratio": float("nan")})  # never reached
     assert not bench.prm_ok({**row, "sparse_improved": False})
+
+
+def test_a_pre_trained_start_made_another_way_is_refused_by_name(tmp_path):
+    run = tmp_path / "pretrained-s0"
+    run.mkdir()
+    (run / "report.json").write_text("{}")
+    stack = bench.Start("mujoco/stack-any", demos=200, sft_steps=6000, success=0.25, check_every=500)
+    bench.write_json(run / "start.json", bench.dataclasses.asdict(stack))
+    assert bench.pretrained(0, tmp_path, stack) == run
+    with pytest.raises(SystemExit, match=r"pretrained-s0 was pre-trained as .*mujoco/stack-any.*not .*mujoco/pick-any"):
+        bench.pretrained(0, tmp_path, bench.Start())
+
+
+def test_a_start_folder_from_before_the_env_option_reads_as_the_quickstart_task(tmp_path):
+    run = tmp_path / "pretrained-s1"
+    run.mkdir()
+    (run / "report.json").write_text("{}")
+    (run / "start_success.json").write_text(json.dumps({"start_success": 0.35}))
+    assert bench.pretrained(1, tmp_path, bench.Start(success=0.35)) == run
+    with pytest.raises(SystemExit, match="success=0.35"):
+        bench.pretrained(1, tmp_path, bench.Start())
+
+
+def test_the_start_sets_the_imitation_and_its_checks():
+    from vla_rl.commands.quickstart import SFTConfig
+
+    base = SFTConfig(steps=700, episodes=50)
+    assert bench.Start().sft(base) == base  # the preset's pre-training, untouched
+    sft = bench.Start("mujoco/stack-any", demos=200, sft_steps=6000, success=0.25, check_every=500).sft(base)
+    assert (sft.steps, sft.episodes, sft.stop_at_success, sft.check_every, sft.check_from) == (6000, 200, 0.25, 500, 1000)
+    assert bench.Start("mujoco/stack-any").env(num_envs=16, workers=0).id == "mujoco/stack-any"
+
+
+def test_the_prm_section_names_a_task_and_start_other_than_the_quickstarts():
+    results = _results()
+    section = copy.deepcopy(results[bench.prm_keys(results)[-1]])
+    assert bench._start(section) == ""
+    section["conditions"]["args"].update(env="mujoco/stack-any", demos=200, sft_steps=6000, start_success=0.25,
+                                         check_every=500)
+    text = bench._start(section)
+    assert "`mujoco/stack-any`" in text and "200 expert demos, 6000 imitation steps at most" in text
+    assert "every 500 steps, that reached 0.25" in text
