@@ -31,7 +31,7 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   data, so it has seen the states RL starts from; ``--prm_weight`` (default 1) other than 1 also names the mixed run,
   and so does ``--prm_anneal W`` (the prm weight moves linearly to ``W`` by the run's last iteration:
   ``reward.anneal``). ``--env`` runs it on another tabletop task, e.g. ``mujoco/stack-any`` (reach, grasp, lift,
-  place: the hardest single-skill task), with its own pre-trained start (``--demos``, ``--sft_steps``,
+  place: the single-skill task with the most stages), with its own pre-trained start (``--demos``, ``--sft_steps``,
   ``--start_success``, ``--check_every``) in an ``--out`` of its own.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
