@@ -156,10 +156,11 @@ def pretrained(seed: int, out: Path, start: Start = Start()) -> Path:
     if not (run / "report.json").exists():
         quickstart_run(seed, run, None, 0, 0, eval_episodes=1, start=start)
         write_json(marker, dataclasses.asdict(start))
-    elif not marker.exists() and (run / "start_success.json").exists():  # folders made before Start existed
-        write_json(marker, dataclasses.asdict(Start(success=json.loads((run / "start_success.json").read_text())
-                                                    ["start_success"])))
-    made = Start(**json.loads(marker.read_text())) if marker.exists() else Start()
+    if marker.exists():
+        made = Start(**json.loads(marker.read_text()))
+    else:  # folders made before Start existed recorded only the success target, on the quickstart's task
+        old = run / "start_success.json"
+        made = Start(success=json.loads(old.read_text())["start_success"] if old.exists() else 0.0)
     if made != start:
         raise SystemExit(f"{run} was pre-trained as {made}, not {start}: use another --out")
     return run
@@ -322,10 +323,10 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
                                                  anneal={} if anneal is None else {"prm": anneal}),
                    iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes, env=start.env())
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
-    start = sparse[0][1]
+    before = sparse[0][1]  # the shared start's success
     target, reached, ratio = prm_crossing(sparse, mixed)
-    start_high = wilson_interval(round(start * eval_episodes), eval_episodes)[1]
-    row = {"seed": seed, "start": start, "sparse_final": target, "sparse_steps": sparse[-1][0],
+    start_high = wilson_interval(round(before * eval_episodes), eval_episodes)[1]
+    row = {"seed": seed, "start": before, "sparse_final": target, "sparse_steps": sparse[-1][0],
            "mixed_final": mixed[-1][1], "mixed_steps_to_sparse_final": reached, "step_ratio": ratio,
            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
            "prm_anneal": anneal, "wall_s": time.perf_counter() - t0, "prm": str(prm), "prm_model": model_row,
@@ -537,14 +538,14 @@ def _conditions(section: dict[str, Any]) -> str:
 
 def _start(section: dict[str, Any]) -> str:
     """Where a section's runs start, when not the quickstart's task and pre-training: its env and recipe."""
-    args = section.get("conditions", {}).get("args", {})
-    env = args.get("env", "mujoco/pick-any")
-    if env == "mujoco/pick-any" and not args.get("demos") and not args.get("sft_steps"):
+    args, default = section.get("conditions", {}).get("args", {}), Start()
+    env = args.get("env", default.env_id)
+    if env == default.env_id and not args.get("demos") and not args.get("sft_steps"):
         return ""
     recipe = f"{args.get('demos') or 50} expert demos, {args.get('sft_steps') or 700} imitation steps"
     if args.get("start_success"):
-        recipe += (f" at most (stopped at the first 64-episode check, every {args.get('check_every', 50)} steps, "
-                   f"that reached {args['start_success']:g})")
+        recipe += (f" at most (stopped at the first 64-episode check, every "
+                   f"{args.get('check_every', default.check_every)} steps, that reached {args['start_success']:g})")
     return f" On `{env}`; the pre-trained start: {recipe}."
 
 
