@@ -25,7 +25,7 @@ import torch
 from policies.base import Policy
 from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
 from vla_rl.algorithms.losses import tpo_loss
-from vla_rl.data.preferences import PreferencePair, trajectory_logp
+from vla_rl.data.preferences import PreferencePair, Trajectory, trajectory_logp
 
 
 @dataclass
@@ -47,6 +47,11 @@ class TPOConfig(LearnerConfig):
     """Apply ``chosen_nll`` only to chosen trajectories that succeeded. A pair of two failures (a clean one over a
     colliding one, with ``grape.pair_single_outcome``) then only orders them: the policy is pushed away from the
     worse failure without being taught to imitate the better one."""
+    chosen_bc: float = 0.0
+    """Adds this times the policy's own supervised loss (``sft_loss``: flow matching for flow policies, token
+    cross-entropy for autoregressive ones) on the executed action chunks of the chosen trajectories that succeeded.
+    ``chosen_nll`` pulls up a flow policy's recorded denoising chain, exploration noise included; this imitates the
+    actions the chain produced, as pre-training and ``filtered_bc`` do. 0 is GRAPE's loss."""
     lr: float = 1e-5
     """Learning rate of the policy parameters (AdamW)."""
     epochs: int = 4
@@ -68,7 +73,7 @@ class TPOConfig(LearnerConfig):
                 raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"algo.lr must be > 0, got {self.lr}")
-        for name in ("chosen_penalty", "chosen_nll"):
+        for name in ("chosen_penalty", "chosen_nll", "chosen_bc"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -86,6 +91,9 @@ class TPOLearner(Learner):
 
     def __init__(self, cfg: TPOConfig, policy: Policy) -> None:
         super().__init__(cfg, policy)
+        if cfg.chosen_bc > 0 and type(policy).sft_loss is Policy.sft_loss:
+            raise ValueError(f"algo.chosen_bc needs a policy with a supervised loss; {type(policy).__name__} has none "
+                             "(for token policies algo.chosen_nll is the same imitation)")
         self.optimizer = torch.optim.AdamW(policy.actor_parameters(), lr=cfg.lr, weight_decay=0.0)
         self._gen = torch.Generator().manual_seed(cfg.seed)
 
@@ -147,6 +155,11 @@ class TPOLearner(Learner):
                         nll = -per_decision.mean()
                         loss = loss + self.cfg.chosen_nll * nll
                         stats["chosen_nll"] = nll.detach()
+                if self.cfg.chosen_bc > 0:
+                    bc = self._chosen_bc([p.chosen for p in pairs])
+                    if bc is not None:
+                        loss = loss + self.cfg.chosen_bc * bc
+                        stats["chosen_bc"] = bc.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
@@ -157,6 +170,16 @@ class TPOLearner(Learner):
         out = {k: sum(v) / len(v) for k, v in last.items()}
         out["pairs"] = float(len(batch))
         return out
+
+    def _chosen_bc(self, chosen: list[Trajectory]) -> torch.Tensor | None:
+        """The policy's ``sft_loss`` on the executed chunks of the successful ``chosen``, weighted by decisions;
+        None when none succeeded."""
+        wins = [t for t in chosen if t.success]
+        if not wins:
+            return None
+        losses = torch.stack([self.policy.sft_loss(t.obs, t.actions) for t in wins])
+        weights = torch.tensor([float(t.decisions) for t in wins]).to(losses)
+        return (losses * weights).sum() / weights.sum()
 
     def state_dict(self) -> dict[str, Any]:
         out = super().state_dict()
