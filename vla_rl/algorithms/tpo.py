@@ -48,10 +48,11 @@ class TPOConfig(LearnerConfig):
     colliding one, with ``grape.pair_single_outcome``) then only orders them: the policy is pushed away from the
     worse failure without being taught to imitate the better one."""
     chosen_bc: float = 0.0
-    """Adds this times the policy's own supervised loss (``sft_loss``: flow matching for flow policies, token
-    cross-entropy for autoregressive ones) on the executed action chunks of the chosen trajectories that succeeded.
-    ``chosen_nll`` pulls up a flow policy's recorded denoising chain, exploration noise included; this imitates the
-    actions the chain produced, as pre-training and ``filtered_bc`` do. 0 is GRAPE's loss."""
+    """Adds this times the policy's own supervised loss (``sft_loss``, flow matching) on the executed action chunks
+    of the chosen trajectories that succeeded. ``chosen_nll`` pulls up a flow policy's recorded denoising chain,
+    exploration noise included; this imitates the actions the chain produced, as pre-training and ``filtered_bc``
+    do. A policy without a supervised loss (the autoregressive one, whose ``chosen_nll`` is already its token NLL)
+    is refused. 0 is GRAPE's loss."""
     lr: float = 1e-5
     """Learning rate of the policy parameters (AdamW)."""
     epochs: int = 4
