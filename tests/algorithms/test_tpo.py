@@ -128,8 +128,8 @@ def test_chosen_bc_imitates_the_chosen_successs_actions(kind: str):
             got = policy.act(chosen.obs, ActMode.EVAL).actions
         return float((got - chosen.actions).abs().mean()), stats
 
-    (pure, _), (imitated, stats) = run(0.0), run(10.0)
-    assert imitated < 0.7 * pure and stats["chosen_bc"] > 0 and "chosen_bc" not in run(0.0)[1], (pure, imitated)
+    (pure, pure_stats), (imitated, stats) = run(0.0), run(10.0)
+    assert imitated < 0.7 * pure and stats["chosen_bc"] > 0 and "chosen_bc" not in pure_stats, (pure, imitated)
     assert "chosen_bc" not in run(10.0, chosen_id=2)[1]
     with pytest.raises(ValueError, match="algo.chosen_bc"):
         TPOConfig(chosen_bc=-1.0)
