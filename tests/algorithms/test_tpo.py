@@ -185,3 +185,69 @@ def test_tpo_on_instruction_pairs_binds_a_trajectory_to_its_own_instruction():
         other = dataclasses.replace(success, obs={**success.obs, "task": ["pick up the green cube"] * 3})
         assert torch.isfinite(trajectory_logp(policy, other))
     assert gap - ref > MARGIN, (ref, gap, stats)
+
+
+def test_demo_bc_imitates_the_demos_beside_the_preference(tmp_path):
+    """``demo_bc`` adds the policy's supervised loss on demo rows to every step (the pre-training mix): after the
+    update the demos' loss is lower than after pure TPO from the same start, the preference margin still grows, and
+    the term is reported; bad settings name their field."""
+    from tests.vla_rl.test_data import ACT, STATE, write_lerobot_dataset
+    from vla_rl.data.dataset import load_chunks, policy_inputs
+
+    demos = write_lerobot_dataset(tmp_path / "demos", episodes=3, length=6, camera=8)
+    fields = {"action_dim": ACT, "state_dim": STATE, "cameras": ("front",), "image_size": (8, 8)}
+
+    def trajectory(policy, tid: int, seed: int) -> Trajectory:
+        g = torch.Generator().manual_seed(seed)
+        obs = {"observation.images.front": torch.randint(0, 256, (3, 8, 8, 3), dtype=torch.uint8, generator=g),
+               "observation.state": torch.randn(3, STATE, generator=g), "task": ["reach the target"] * 3}
+        with torch.no_grad():
+            out = policy.act(obs, ActMode.EXPLORE)
+        return Trajectory(id=tid, state=0, seed=seed, obs=obs, actions=out.actions, extras=out.extras,
+                          logp=out.logp.reshape(3, -1).mean(-1), success=tid == 0, steps=3, costs={}, stage_costs={})
+
+    def run(weight: float) -> tuple[float, float, dict]:
+        torch.manual_seed(0)
+        policy = build_policy_from_fields("compact-flow", {}, fields, smoke=True)
+        chosen, rejected = trajectory(policy, 0, seed=1), trajectory(policy, 1, seed=2)
+        rows = load_chunks(demos, policy_inputs(policy), policy.chunk_size)
+        policy.eval()
+        with torch.no_grad():
+            ref = float(trajectory_logp(policy, chosen) - trajectory_logp(policy, rejected))
+        cfg = TPOConfig(lr=3e-3, epochs=10, beta=1.0, demos=str(demos) if weight else "", demo_bc=weight)
+        stats = TPOLearner(cfg, policy).update([PreferencePair(0, chosen, rejected)])
+        policy.eval()
+        with torch.no_grad():
+            torch.manual_seed(1)  # the flow-matching loss draws its noise and times: the same draw for both runs
+            loss = float(policy.sft_loss(rows.obs, rows.actions, rows.mask))
+            margin = float(trajectory_logp(policy, chosen) - trajectory_logp(policy, rejected)) - ref
+        return loss, margin, stats
+
+    (pure, pure_margin, pure_stats), (mixed, margin, stats) = run(0.0), run(10.0)
+    assert mixed < 0.7 * pure, (pure, mixed)
+    assert margin > MARGIN and pure_margin > MARGIN, (pure_margin, margin)
+    assert stats["demo_bc"] > 0 and "demo_bc" not in pure_stats
+    with pytest.raises(ValueError, match="algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos"):
+        TPOConfig(demo_bc=1.0)
+    with pytest.raises(ValueError, match="algo.demos='d' is read only with algo.demo_bc > 0"):
+        TPOConfig(demos="d")
+    with pytest.raises(ValueError, match="algo.demo_batch must be >= 1"):
+        TPOConfig(demos="d", demo_bc=1.0, demo_batch=0)
+    token_policy = build_policy_from_fields("openvla-style", {}, DERIVED, smoke=True)
+    with pytest.raises(ValueError, match="algo.demo_bc needs a policy with a supervised loss; AutoregressiveVLA"):
+        TPOLearner(TPOConfig(demos="d", demo_bc=1.0), token_policy)
+
+
+def test_tpo_refuses_several_processes_and_names_the_way_out():
+    """Each rank would pair its own rollouts and step a different number of times: the learner refuses a
+    distributed run before it starts, and one process is accepted."""
+    from types import SimpleNamespace
+
+    from vla_rl.config import ConfigError
+    from vla_rl.distributed import SINGLE
+
+    learner = TPOLearner(TPOConfig(), build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True))
+    learner.distribute(SINGLE)
+    assert learner.dist is SINGLE
+    with pytest.raises(ConfigError, match="algo.type tpo trains in one process.*without accelerate launch"):
+        learner.distribute(SimpleNamespace(enabled=True))

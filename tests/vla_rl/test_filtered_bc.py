@@ -275,3 +275,15 @@ def test_hindsight_relabels_failed_episodes_with_the_task_they_accomplished() ->
     with pytest.raises(KeyError, match="achieved_task"):
         signal_free.add_rollout(_engine(0.5, 2, GaussianPolicy(2, 1, horizon=1), episode_steps=1).collect(
             1, ActMode.EXPLORE))
+
+
+def test_overlap_is_refused_under_several_processes_and_one_process_is_accepted() -> None:
+    from types import SimpleNamespace
+
+    from vla_rl.config import ConfigError
+    from vla_rl.distributed import SINGLE
+
+    learner = FilteredBCLearner(FilteredBCConfig(overlap=True, steps=10), GaussianPolicy(2, 1, horizon=1))
+    learner.distribute(SINGLE)
+    with pytest.raises(ConfigError, match="algo.overlap trains in a thread.*--algo.overlap false"):
+        learner.distribute(SimpleNamespace(enabled=True))

@@ -25,6 +25,8 @@ import torch
 from policies.base import Policy
 from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
 from vla_rl.algorithms.losses import tpo_loss
+from vla_rl.config import ConfigError
+from vla_rl.data.chunks import ChunkDataset
 from vla_rl.data.preferences import PreferencePair, Trajectory, trajectory_logp
 
 
@@ -53,6 +55,15 @@ class TPOConfig(LearnerConfig):
     exploration noise included; this imitates the actions the chain produced, as pre-training and ``filtered_bc``
     do. A policy without a supervised loss (the autoregressive one, whose ``chosen_nll`` is already its token NLL)
     is refused. 0 is GRAPE's loss."""
+    demos: str = ""
+    """Demo LeRobotDataset (the pre-training demos) for ``demo_bc``."""
+    demo_bc: float = 0.0
+    """Adds this times the policy's supervised loss on ``demo_batch`` rows of ``demos`` to every step: the
+    pre-training mix of InstructGPT's PPO-ptx, here against preference optimization drifting off what pre-training
+    taught (``filtered_bc`` mixes its demos the same way). Needs ``demos`` and a policy with a supervised loss.
+    0 is GRAPE's loss."""
+    demo_batch: int = 16
+    """Demo rows per step with ``demo_bc``."""
     lr: float = 1e-5
     """Learning rate of the policy parameters (AdamW)."""
     epochs: int = 4
@@ -69,14 +80,18 @@ class TPOConfig(LearnerConfig):
     def __post_init__(self) -> None:
         if self.beta <= 0:
             raise ValueError(f"algo.beta must be > 0, got {self.beta}")
-        for name in ("epochs", "pairs_per_step", "states_per_iter"):
+        for name in ("epochs", "pairs_per_step", "states_per_iter", "demo_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"algo.lr must be > 0, got {self.lr}")
-        for name in ("chosen_penalty", "chosen_nll", "chosen_bc"):
+        for name in ("chosen_penalty", "chosen_nll", "chosen_bc", "demo_bc"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
+        if self.demo_bc > 0 and not self.demos:
+            raise ValueError("algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos")
+        if self.demos and self.demo_bc == 0:
+            raise ValueError(f"algo.demos={self.demos!r} is read only with algo.demo_bc > 0 (got 0)")
 
     def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
         return dataclasses.replace(self, epochs=1, states_per_iter=1), min(num_envs, limits.max_envs)
@@ -92,11 +107,26 @@ class TPOLearner(Learner):
 
     def __init__(self, cfg: TPOConfig, policy: Policy) -> None:
         super().__init__(cfg, policy)
-        if cfg.chosen_bc > 0 and type(policy).sft_loss is Policy.sft_loss:
-            raise ValueError(f"algo.chosen_bc needs a policy with a supervised loss; {type(policy).__name__} has none "
-                             "(for token policies algo.chosen_nll is the same imitation)")
+        for name in ("chosen_bc", "demo_bc"):
+            if getattr(cfg, name) > 0 and type(policy).sft_loss is Policy.sft_loss:
+                raise ValueError(f"algo.{name} needs a policy with a supervised loss; {type(policy).__name__} has "
+                                 "none (for token policies algo.chosen_nll is the same imitation)")
         self.optimizer = torch.optim.AdamW(policy.actor_parameters(), lr=cfg.lr, weight_decay=0.0)
         self._gen = torch.Generator().manual_seed(cfg.seed)
+        self._demo_gen = torch.Generator().manual_seed(cfg.seed + 1)  # demo rows; the pair order stays as without
+        self.demos: ChunkDataset | None = None
+
+    def distribute(self, dist: Any) -> None:
+        """One process only: each rank would pair its own rollouts and take a different number of steps, and the
+        trajectory log-likelihoods run many forwards per step; neither suits DDP's gradient all-reduce.
+
+        Raises:
+            ConfigError: under several processes (accelerate / torch.distributed).
+        """
+        if dist.enabled:
+            raise ConfigError("algo.type tpo trains in one process (vla-rl align is one process too); run vla-rl "
+                              "train --algo.type tpo without accelerate launch / torchrun")
+        super().distribute(dist)
 
     def collect(self, inputs: IterationInputs) -> list[PreferencePair]:
         """The iteration's pairs: ``inputs.data`` when it holds pairs, else one GRAPE round sampled here.
@@ -161,6 +191,11 @@ class TPOLearner(Learner):
                     if bc is not None:
                         loss = loss + self.cfg.chosen_bc * bc
                         stats["chosen_bc"] = bc.detach()
+                if self.cfg.demo_bc > 0:
+                    demo = self._demo_rows().sample(self.cfg.demo_batch, self._demo_gen)
+                    bc = self.policy.sft_loss(demo.obs, demo.actions, demo.mask)
+                    loss = loss + self.cfg.demo_bc * bc
+                    stats["demo_bc"] = bc.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
@@ -171,6 +206,14 @@ class TPOLearner(Learner):
         out = {k: sum(v) / len(v) for k, v in last.items()}
         out["pairs"] = float(len(batch))
         return out
+
+    def _demo_rows(self) -> ChunkDataset:
+        """``cfg.demos`` as chunks of the policy's inputs, read once."""
+        if self.demos is None:
+            from vla_rl.data.dataset import load_chunks, policy_inputs
+
+            self.demos = load_chunks(self.cfg.demos, policy_inputs(self.policy), self.policy.chunk_size)
+        return self.demos
 
     def _chosen_bc(self, chosen: list[Trajectory]) -> torch.Tensor | None:
         """The policy's ``sft_loss`` on the executed chunks of the successful ``chosen``, weighted by decisions;
@@ -185,9 +228,12 @@ class TPOLearner(Learner):
     def state_dict(self) -> dict[str, Any]:
         out = super().state_dict()
         out["generator"] = self._gen.get_state()
+        out["demo_generator"] = self._demo_gen.get_state()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if "generator" in state:
             self._gen.set_state(state["generator"])
+        if "demo_generator" in state:
+            self._demo_gen.set_state(state["demo_generator"])
