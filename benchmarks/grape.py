@@ -15,6 +15,10 @@ Every command runs in its own process, in run folders under ``--runs``:
    for as many env steps as that alignment took (``vla-rl quickstart --preset quickstart_ppo --resume true
    --iterations K`` in a folder holding a copy of the policy).
 
+Align arguments after ``--`` go to every ``vla-rl align`` run, ``{seed}`` replaced by the run's seed. With
+``--tpo.demo_bc W`` and no ``--tpo.demos``, each run imitates its own seed's pre-training demos (the quickstart's demo
+cache for that seed).
+
 Targets (issue 17): ``task``: success after >= before + 0.15 per seed; ``safety``: collision rate down by >=
 40% relative with success not below the before interval; ``efficiency``: mean steps of successful episodes
 down by >= 10% with success not below the before interval (the efficiency row also shows those steps on the
@@ -97,6 +101,26 @@ def pretrain(seed: int, base: Path, extra: list[str], template: str = "") -> tup
         if not (policy / "config.json").exists():
             raise RuntimeError(f"the quickstart wrote no pre-trained policy at {policy}")
     return policy, wall
+
+
+def with_demos(seed: int, base: Path, pretrained: str, extra: list[str]) -> list[str]:
+    """``extra`` plus ``--tpo.demos <the seed's pre-training demos>`` when it asks for ``--tpo.demo_bc`` without
+    naming demos: the quickstart's demo cache for ``seed`` (its default one for a ``--pretrained`` policy, this
+    benchmark's own when it pre-trained). ``{seed}`` in any argument is replaced by the seed.
+
+    Raises:
+        FileNotFoundError: when those demos are not there.
+    """
+    extra = [a.replace("{seed}", str(seed)) for a in extra]
+    if "--tpo.demo_bc" not in extra or "--tpo.demos" in extra:
+        return extra
+    from vla_rl.commands.quickstart import QuickstartConfig, _demo_root
+
+    demos = _demo_root(QuickstartConfig(seed=seed, demo_cache="" if pretrained else str(base / "demos")))
+    if not (demos / "meta" / "info.json").exists():
+        raise FileNotFoundError(f"--tpo.demo_bc: no quickstart demos for seed {seed} at {demos}; name them with "
+                                "--tpo.demos (a '{seed}' in it is replaced)")
+    return [*extra, "--tpo.demos", str(demos)]
 
 
 def align(seed: int, objective: str, policy: Path, base: Path, episodes: int, extra: list[str]) -> dict[str, Any]:
@@ -224,8 +248,9 @@ def main() -> None:
     for objective in args.objectives:
         for seed in args.seeds:
             base = runs / f"seed{seed}"
-            rows.append(row(seed, objective, align(seed, objective, policies[seed], base, args.episodes, extra)))
-            rows[-1].update(align_args=extra, pretrained=str(policies[seed]),
+            seed_extra = with_demos(seed, base, args.pretrained, extra)
+            rows.append(row(seed, objective, align(seed, objective, policies[seed], base, args.episodes, seed_extra)))
+            rows[-1].update(align_args=seed_extra, pretrained=str(policies[seed]),
                             load_average=round(_load_average(), 1))
             print(json.dumps(rows[-1], default=str), flush=True)
             publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)  # what is done so far survives a kill

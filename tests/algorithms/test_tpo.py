@@ -228,7 +228,7 @@ def test_demo_bc_imitates_the_demos_beside_the_preference(tmp_path):
     assert margin > MARGIN and pure_margin > MARGIN, (pure_margin, margin)
     assert stats["demo_bc"] > 0 and "demo_bc" not in pure_stats
     with pytest.raises(ValueError, match="algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos"):
-        TPOConfig(demo_bc=1.0)
+        TPOLearner(TPOConfig(demo_bc=1.0), build_policy_from_fields("compact-flow", {}, fields, smoke=True))
     with pytest.raises(ValueError, match="algo.demos='d' is read only with algo.demo_bc > 0"):
         TPOConfig(demos="d")
     with pytest.raises(ValueError, match="algo.demo_batch must be >= 1"):

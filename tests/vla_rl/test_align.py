@@ -3,6 +3,7 @@ bad input gets one clear line."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 from vla_rl.align_report import load_trajectories
+from vla_rl.algorithms.tpo import TPOConfig
 from vla_rl.cli import run
+from vla_rl.config import ConfigError
 
 torch.set_num_threads(1)
 TOY = ["--smoke", "true", "--env.num_envs", "4", "--env.image_size", "32", "--env.max_episode_steps", "12", "--rounds", "2", "--states_per_round", "2",
@@ -211,3 +214,25 @@ def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_
     again = evaluate_policy_folder(cfg)
     assert again["per_episode"] == report["after"]["per_episode"] and again["success"] == report["after"]["success"]
     assert len(again["per_episode"]["seed"]) == 4 == len(set(again["per_episode"]["seed"]))
+
+
+def test_demo_bc_defaults_to_the_demos_the_policy_was_pretrained_on(tmp_path: Path, capsys):
+    """``--tpo.demo_bc`` without ``--tpo.demos`` reads the ``dataset`` of the policy folder's ``sft.json`` (the
+    quickstart and ``vla-rl sft`` write it); a policy that records none is refused with the field to set."""
+    from vla_rl.commands.align import AlignConfig, _with_pretraining_demos
+    from vla_rl.train_config import POLICY_CHOICES
+
+    policy = tmp_path / "sft_policy"
+    policy.mkdir()
+    (policy / "sft.json").write_text(json.dumps({"sft/steps": 700, "dataset": "/data/demos-s1"}))
+    path = dataclasses.replace(POLICY_CHOICES["compact-flow"](), path=str(policy))
+    cfg = _with_pretraining_demos(AlignConfig(policy=path, tpo=TPOConfig(demo_bc=10.0)))
+    assert cfg.tpo.demos == "/data/demos-s1" and cfg.tpo.demo_bc == 10.0
+    named = AlignConfig(policy=path, tpo=TPOConfig(demo_bc=10.0, demos="/mine"))
+    assert _with_pretraining_demos(named).tpo.demos == "/mine"
+    (policy / "sft.json").write_text(json.dumps({"sft/steps": 700}))
+    with pytest.raises(ConfigError, match=f"name their LeRobotDataset with --tpo.demos \\({policy}/sft.json names no"):
+        _with_pretraining_demos(AlignConfig(policy=path, tpo=TPOConfig(demo_bc=10.0)))
+    with pytest.raises(SystemExit) as exc:
+        run(["align", *TOY, "--tpo.demo_bc", "10", "--run_dir", str(tmp_path / "r")])
+    assert exc.value.code == 2 and "a fresh policy has no pre-training data" in capsys.readouterr().err

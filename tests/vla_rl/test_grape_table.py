@@ -3,6 +3,8 @@
 
 import json
 
+import pytest
+
 from tests.benchmarks import ROOT as _ROOT
 from tests.benchmarks import docs_section, load_benchmark
 
@@ -30,3 +32,20 @@ def test_render_rewrites_only_the_grape_section(tmp_path, monkeypatch):
     assert "stale" not in text and text.endswith("## Next\n\nkept\n")
     assert docs_section(grape.SECTION, text) == grape.section(result).strip("\n")
     assert "| 0 | task |" in text and "| 1 | task |" not in text
+
+
+def test_demo_bc_runs_get_their_seeds_pretraining_demos(tmp_path, monkeypatch):
+    """``--tpo.demo_bc`` without ``--tpo.demos`` imitates the seed's own quickstart demos: this benchmark's cache when it
+    pre-trained, the quickstart's default one for ``--pretrained``; ``{seed}`` is replaced; missing demos are named."""
+    monkeypatch.setenv("VLA_RL_HOME", str(tmp_path / "home"))
+    base = tmp_path / "runs" / "seed3"
+    own = base / "demos" / "mujoco-pick-any-rgb0-wrist-n50-noise0.3-s3"
+    (own / "meta").mkdir(parents=True)
+    (own / "meta" / "info.json").write_text("{}")
+    assert grape.with_demos(3, base, "", ["--x", "a{seed}"]) == ["--x", "a3"]
+    assert grape.with_demos(3, base, "", ["--tpo.demo_bc", "10"]) == ["--tpo.demo_bc", "10", "--tpo.demos", str(own)]
+    named = ["--tpo.demo_bc", "10", "--tpo.demos", "d/s{seed}"]
+    assert grape.with_demos(3, base, "", named) == ["--tpo.demo_bc", "10", "--tpo.demos", "d/s3"]
+    default = tmp_path / "home" / "demos" / own.name
+    with pytest.raises(FileNotFoundError, match=f"no quickstart demos for seed 3 at {default}"):
+        grape.with_demos(3, base, "qs{seed}/sft_policy", ["--tpo.demo_bc", "10"])

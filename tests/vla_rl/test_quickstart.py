@@ -43,6 +43,8 @@ def test_quickstart_toy_pipeline(tmp_path, capsys):
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert list(run.glob("wandb/offline-run-*"))
     assert (run / "checkpoints" / "iter_000002" / "policy" / "config.json").exists()
+    demos = Path(json.loads((run / "sft_policy" / "sft.json").read_text())["dataset"])  # what vla-rl align reads
+    assert demos.parent == cache.resolve() and (demos / "meta" / "info.json").exists()
     out = capsys.readouterr().out
     assert "collecting 2 expert demos" in out and "report:" in out
 

@@ -56,7 +56,8 @@ class TPOConfig(LearnerConfig):
     do. A policy without a supervised loss (the autoregressive one, whose ``chosen_nll`` is already its token NLL)
     is refused. 0 is GRAPE's loss."""
     demos: str = ""
-    """Demo LeRobotDataset (the pre-training demos) for ``demo_bc``."""
+    """Demo LeRobotDataset for ``demo_bc``; ``vla-rl align`` defaults it to the demos its ``--policy.path`` was
+    pre-trained on (``sft.json``'s ``dataset``, written by ``vla-rl sft`` and the quickstart)."""
     demo_bc: float = 0.0
     """Adds this times the policy's supervised loss on ``demo_batch`` rows of ``demos`` to every step: the
     pre-training mix of InstructGPT's PPO-ptx, here against preference optimization drifting off what pre-training
@@ -88,8 +89,6 @@ class TPOConfig(LearnerConfig):
         for name in ("chosen_penalty", "chosen_nll", "chosen_bc", "demo_bc"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
-        if self.demo_bc > 0 and not self.demos:
-            raise ValueError("algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos")
         if self.demos and self.demo_bc == 0:
             raise ValueError(f"algo.demos={self.demos!r} is read only with algo.demo_bc > 0 (got 0)")
 
@@ -111,6 +110,8 @@ class TPOLearner(Learner):
             if getattr(cfg, name) > 0 and type(policy).sft_loss is Policy.sft_loss:
                 raise ValueError(f"algo.{name} needs a policy with a supervised loss; {type(policy).__name__} has "
                                  "none (for token policies algo.chosen_nll is the same imitation)")
+        if cfg.demo_bc > 0 and not cfg.demos:
+            raise ValueError("algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos")
         self.optimizer = torch.optim.AdamW(policy.actor_parameters(), lr=cfg.lr, weight_decay=0.0)
         self._gen = torch.Generator().manual_seed(cfg.seed)
         self._demo_gen = torch.Generator().manual_seed(cfg.seed + 1)  # demo rows; the pair order stays as without

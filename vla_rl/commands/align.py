@@ -211,6 +211,26 @@ def _engine(env: VecEnv, policy: Policy, cfg: AlignConfig, costs: list[str]) -> 
     return RolloutEngine(env, policy, cfg.exec_steps, use_critic=False, reward=reward)
 
 
+def _with_pretraining_demos(cfg: AlignConfig) -> AlignConfig:
+    """``cfg`` with ``tpo.demos`` set to the demos ``policy.path`` was pre-trained on (the ``dataset`` of its
+    ``sft.json``) when ``tpo.demo_bc`` asks for demos and none are named.
+
+    Raises:
+        ConfigError: when the policy records no pre-training dataset.
+    """
+    tpo = cfg.tpo
+    assert isinstance(tpo, TPOConfig)
+    if tpo.demo_bc == 0 or tpo.demos:
+        return cfg
+    record = Path(cfg.policy.path) / "sft.json" if cfg.policy.path else None
+    dataset = json.loads(record.read_text()).get("dataset") if record is not None and record.exists() else None
+    if not dataset:
+        where = f"{record} names no 'dataset'" if record is not None else "a fresh policy has no pre-training data"
+        raise ConfigError(f"tpo.demo_bc imitates demos: name their LeRobotDataset with --tpo.demos ({where})")
+    print(f"tpo.demos: the demos {cfg.policy.path} was pre-trained on, {dataset}")
+    return dataclasses.replace(cfg, tpo=dataclasses.replace(tpo, demos=dataset))
+
+
 def run_align(cfg: AlignConfig) -> dict[str, Any]:
     """Run the rounds (module doc); returns the ``report.json`` content.
 
@@ -221,6 +241,7 @@ def run_align(cfg: AlignConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     if cfg.smoke:
         cfg = _smoke(cfg)
+    cfg = _with_pretraining_demos(cfg)
     name = cfg.name or f"align-{cfg.objective}-{cfg.env.id.replace('/', '-')}-s{cfg.seed}"
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / name
     run = _Run(cfg, run_dir)
