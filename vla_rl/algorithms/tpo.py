@@ -108,10 +108,10 @@ class TPOLearner(Learner):
         super().__init__(cfg, policy)
         for name in ("chosen_bc", "demo_bc"):
             if getattr(cfg, name) > 0 and type(policy).sft_loss is Policy.sft_loss:
-                raise ValueError(f"algo.{name} needs a policy with a supervised loss; {type(policy).__name__} has "
+                raise ConfigError(f"algo.{name} needs a policy with a supervised loss; {type(policy).__name__} has "
                                  "none (for token policies algo.chosen_nll is the same imitation)")
         if cfg.demo_bc > 0 and not cfg.demos:
-            raise ValueError("algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos")
+            raise ConfigError("algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos")
         self.optimizer = torch.optim.AdamW(policy.actor_parameters(), lr=cfg.lr, weight_decay=0.0)
         self._gen = torch.Generator().manual_seed(cfg.seed)
         self._demo_gen = torch.Generator().manual_seed(cfg.seed + 1)  # demo rows; the pair order stays as without
