@@ -103,16 +103,20 @@ def pretrain(seed: int, base: Path, extra: list[str], template: str = "") -> tup
     return policy, wall
 
 
-def with_demos(seed: int, base: Path, pretrained: str, extra: list[str]) -> list[str]:
+def with_demos(seed: int, base: Path, pretrained: str, extra: list[str], policy: Path | None = None) -> list[str]:
     """``extra`` plus ``--tpo.demos <the seed's pre-training demos>`` when it asks for ``--tpo.demo_bc`` without
-    naming demos: the quickstart's demo cache for ``seed`` (its default one for a ``--pretrained`` policy, this
-    benchmark's own when it pre-trained). ``{seed}`` in any argument is replaced by the seed.
+    naming demos and the ``policy`` folder records none (``vla-rl align`` reads its ``sft.json`` itself; policies
+    pre-trained before the quickstart wrote it do not): the quickstart's demo cache for ``seed`` (its default one for
+    a ``--pretrained`` policy, this benchmark's own when it pre-trained). ``{seed}`` in any argument is replaced.
 
     Raises:
         FileNotFoundError: when those demos are not there.
     """
     extra = [a.replace("{seed}", str(seed)) for a in extra]
     if "--tpo.demo_bc" not in extra or "--tpo.demos" in extra:
+        return extra
+    record = policy / "sft.json" if policy is not None else None
+    if record is not None and record.exists() and json.loads(record.read_text()).get("dataset"):
         return extra
     from vla_rl.commands.quickstart import QuickstartConfig, _demo_root
 
@@ -248,7 +252,7 @@ def main() -> None:
     for objective in args.objectives:
         for seed in args.seeds:
             base = runs / f"seed{seed}"
-            seed_extra = with_demos(seed, base, args.pretrained, extra)
+            seed_extra = with_demos(seed, base, args.pretrained, extra, policies[seed])
             rows.append(row(seed, objective, align(seed, objective, policies[seed], base, args.episodes, seed_extra)))
             rows[-1].update(align_args=seed_extra, pretrained=str(policies[seed]),
                             load_average=round(_load_average(), 1))

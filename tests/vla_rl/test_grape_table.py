@@ -35,8 +35,9 @@ def test_render_rewrites_only_the_grape_section(tmp_path, monkeypatch):
 
 
 def test_demo_bc_runs_get_their_seeds_pretraining_demos(tmp_path, monkeypatch):
-    """``--tpo.demo_bc`` without ``--tpo.demos`` imitates the seed's own quickstart demos: this benchmark's cache when it
-    pre-trained, the quickstart's default one for ``--pretrained``; ``{seed}`` is replaced; missing demos are named."""
+    """``--tpo.demo_bc`` without ``--tpo.demos`` imitates the seed's own quickstart demos: none added for a policy whose
+    ``sft.json`` names them (align reads it), else this benchmark's cache when it pre-trained or the quickstart's
+    default one for ``--pretrained``; ``{seed}`` is replaced; missing demos are named."""
     monkeypatch.setenv("VLA_RL_HOME", str(tmp_path / "home"))
     base = tmp_path / "runs" / "seed3"
     own = base / "demos" / "mujoco-pick-any-rgb0-wrist-n50-noise0.3-s3"
@@ -46,6 +47,10 @@ def test_demo_bc_runs_get_their_seeds_pretraining_demos(tmp_path, monkeypatch):
     assert grape.with_demos(3, base, "", ["--tpo.demo_bc", "10"]) == ["--tpo.demo_bc", "10", "--tpo.demos", str(own)]
     named = ["--tpo.demo_bc", "10", "--tpo.demos", "d/s{seed}"]
     assert grape.with_demos(3, base, "", named) == ["--tpo.demo_bc", "10", "--tpo.demos", "d/s3"]
+    recorded = tmp_path / "sft_policy"  # a policy that names its demos: vla-rl align reads them itself
+    recorded.mkdir()
+    (recorded / "sft.json").write_text('{"dataset": "/d"}')
+    assert grape.with_demos(3, base, "x", ["--tpo.demo_bc", "10"], recorded) == ["--tpo.demo_bc", "10"]
     default = tmp_path / "home" / "demos" / own.name
     with pytest.raises(FileNotFoundError, match=f"no quickstart demos for seed 3 at {default}"):
         grape.with_demos(3, base, "qs{seed}/sft_policy", ["--tpo.demo_bc", "10"])
