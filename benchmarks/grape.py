@@ -115,10 +115,11 @@ def with_demos(seed: int, base: Path, pretrained: str, extra: list[str], policy:
     extra = [a.replace("{seed}", str(seed)) for a in extra]
     if "--tpo.demo_bc" not in extra or "--tpo.demos" in extra:
         return extra
-    record = policy / "sft.json" if policy is not None else None
-    if record is not None and record.exists() and json.loads(record.read_text()).get("dataset"):
-        return extra
     from vla_rl.commands.quickstart import QuickstartConfig, _demo_root
+    from vla_rl.sft import pretraining_dataset
+
+    if policy is not None and pretraining_dataset(policy):
+        return extra
 
     demos = _demo_root(QuickstartConfig(seed=seed, demo_cache="" if pretrained else str(base / "demos")))
     if not (demos / "meta" / "info.json").exists():

@@ -37,6 +37,9 @@ from vla_core.manifest import fsync_dir, write_manifest
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 from vla_rl.data.dataset import load_chunks, policy_inputs
 
+SFT_RECORD = "sft.json"
+"""The statistics file of a policy folder written by :func:`save_sft_policy`."""
+
 
 @dataclass
 class SFTConfig:
@@ -278,13 +281,14 @@ def _checked_success(policy: Policy, success_check: Callable[[], float]) -> floa
 
 
 def pretrain_on_dataset(policy: Policy, root: str | Path, cfg: SFTConfig, seed: int = 0, log: Any = None,
-                        success_check: Callable[[], float] | None = None) -> dict[str, float]:
+                        success_check: Callable[[], float] | None = None) -> dict[str, Any]:
     """:func:`pretrain` ``policy`` on the first ``cfg.episodes`` episodes (0 = all) of the LeRobotDataset at ``root``.
 
     The features the policy reads are matched by name and checked (:func:`vla_rl.data.load_chunks`).
 
     Returns:
-        :func:`pretrain`'s statistics plus ``frames`` and ``episodes`` trained on.
+        :func:`pretrain`'s statistics plus ``frames`` and ``episodes`` trained on and ``dataset``, the absolute path
+        of ``root`` (:func:`pretraining_dataset` reads it back from the saved policy folder).
 
     Raises:
         DatasetError: naming ``root`` and the feature, for a folder that is no LeRobotDataset, a feature the
@@ -292,7 +296,7 @@ def pretrain_on_dataset(policy: Policy, root: str | Path, cfg: SFTConfig, seed: 
     """
     data = load_chunks(root, policy_inputs(policy), policy.chunk_size, cfg.episodes)
     stats = pretrain(policy, data, cfg, seed=seed, log=log, success_check=success_check)
-    return {**stats, "frames": len(data), "episodes": data.episodes}
+    return {**stats, "frames": len(data), "episodes": data.episodes, "dataset": str(Path(root).resolve())}
 
 
 def save_sft_policy(policy: Policy, directory: str | Path, stats: dict[str, Any]) -> Path:
@@ -313,8 +317,15 @@ def save_sft_policy(policy: Policy, directory: str | Path, stats: dict[str, Any]
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(tmp)
-    (tmp / "sft.json").write_text(json.dumps(stats))
+    (tmp / SFT_RECORD).write_text(json.dumps(stats))
     write_manifest(tmp)
     os.replace(tmp, out)
     fsync_dir(out.parent)
     return out
+
+
+def pretraining_dataset(directory: str | Path) -> str | None:
+    """The dataset the policy folder ``directory`` was pre-trained on (the ``dataset`` its ``sft.json`` records), or
+    None for a folder without that record (a policy from elsewhere, or saved before the record existed)."""
+    record = Path(directory) / SFT_RECORD
+    return json.loads(record.read_text()).get("dataset") if record.exists() else None

@@ -53,6 +53,7 @@ from vla_rl.grape import GrapeSettings, check_instructions, check_scoring, prefe
 from vla_rl.policy_factory import build_policy
 from vla_rl.rollout import RolloutEngine
 from vla_rl.run_logging import LoggingConfig, RunLogger
+from vla_rl.sft import SFT_RECORD, pretraining_dataset
 from vla_rl.timing import split_remainder
 from vla_rl.train_config import EVAL_SEED_BASE, POLICY_CHOICES, SEED_BLOCK, TRAIN_SEED_STRIDE, PolicyConfig, policy_type
 from vla_rl.trainer import seed_everything
@@ -222,10 +223,10 @@ def _with_pretraining_demos(cfg: AlignConfig) -> AlignConfig:
     assert isinstance(tpo, TPOConfig)
     if tpo.demo_bc == 0 or tpo.demos:
         return cfg
-    record = Path(cfg.policy.path) / "sft.json" if cfg.policy.path else None
-    dataset = json.loads(record.read_text()).get("dataset") if record is not None and record.exists() else None
+    dataset = pretraining_dataset(cfg.policy.path) if cfg.policy.path else None
     if not dataset:
-        where = f"{record} names no 'dataset'" if record is not None else "a fresh policy has no pre-training data"
+        where = (f"{Path(cfg.policy.path) / SFT_RECORD} names no 'dataset'" if cfg.policy.path
+                 else "a fresh policy has no pre-training data")
         raise ConfigError(f"tpo.demo_bc imitates demos: name their LeRobotDataset with --tpo.demos ({where})")
     print(f"tpo.demos: the demos {cfg.policy.path} was pre-trained on, {dataset}")
     return dataclasses.replace(cfg, tpo=dataclasses.replace(tpo, demos=dataset))

@@ -229,7 +229,6 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
         with contextlib.ExitStack() as stack:
             sft_stats = pretrain_on_dataset(policy, demo_root, cfg.sft, seed=cfg.seed,
                                             success_check=_success_check(cfg, policy, train_cfg.exec_steps, stack))
-        sft_stats["dataset"] = str(Path(demo_root).resolve())  # what it was pre-trained on (vla-rl align reads it)
         save_sft_policy(policy, sft_dir, sft_stats)
     else:
         print(f"[2/4] reusing pre-trained policy {sft_dir}")

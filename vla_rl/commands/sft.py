@@ -118,7 +118,7 @@ def sft(cfg: SFTRunConfig) -> dict[str, Any]:
         run = _env_runner(cfg, policy, stack) if cfg.env.id else None
         check = (lambda: run(cfg.check_episodes, cfg.check_seed, "success check").success_rate) if run else None
         stats: dict[str, Any] = pretrain_on_dataset(policy, cfg.dataset, cfg, seed=cfg.seed, success_check=check)
-        stats.update(dataset=str(Path(cfg.dataset).resolve()), policy=policy_type(cfg.policy))
+        stats.update(policy=policy_type(cfg.policy))
         if run is not None:
             res = run(cfg.eval_episodes, cfg.eval_seed, "eval")
             stats.update({"eval/success": res.success_rate, "eval/episodes": res.episodes, "eval/env": cfg.env.id,
