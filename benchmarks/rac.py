@@ -76,7 +76,7 @@ from policies.loading import load_policy  # noqa: E402
 from sim.mujoco_tasks.tasks import STAGES  # noqa: E402
 from vla_rl.algorithms.base import IterationInputs  # noqa: E402
 from vla_rl.algorithms.rac import RaCLearner, RaCLearnerConfig  # noqa: E402
-from vla_rl.data import check_inputs, collect_demos, dataset_spec, load_chunks, policy_inputs  # noqa: E402
+from vla_rl.data import check_inputs, collect_demos, dataset_spec, load_policy_chunks, policy_inputs  # noqa: E402
 from vla_rl.evaluation import evaluate_policy, wilson_interval  # noqa: E402
 from vla_rl.intervention.operator import CORRECT_FROM, OperatorConfig  # noqa: E402
 from vla_rl.intervention.session import PassiveController, run_session, tabletop_progress  # noqa: E402
@@ -161,12 +161,12 @@ def finetune(policy: Any, arm: str, args: argparse.Namespace, seed: int, demos: 
         got = collect_demos(env, extra, args.budget, "local/rac-bench-extra", seed=seed + 77 + shift,
                             max_frames=args.budget)
         operator_steps["correction"] = got["frames"]
-        data = load_chunks(extra, policy_inputs(policy), policy.chunk_size)
+        data = load_policy_chunks(extra, policy)
         if arm == "demos_pooled":  # the new episodes pooled with the pre-training's: every frame drawn alike
             old = dataset_spec(demos).frames
             cfg = dataclasses.replace(cfg, demo_ratio=old / (old + got["frames"]))
     elif arm == "control":  # no operator data: the same gradient steps on the pre-training demos alone
-        data = load_chunks(demos, policy_inputs(policy), policy.chunk_size)
+        data = load_policy_chunks(demos, policy)
     learner = RaCLearner(cfg, policy)
     engine = RolloutEngine(env, policy, 0)
     for it in range(rounds):

@@ -22,9 +22,9 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MANIFEST = "manifest.json"
 """File name of the manifest inside a folder."""
@@ -64,19 +64,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Replace the text file ``path`` durably and atomically: written to ``.<name>.tmp<pid>`` beside it,
-    fsync'ed, renamed over ``path``, the folder fsync'ed. A kill leaves the old file or the new one, never a
-    half-written one (a leftover temporary file is removed on failure where possible).
+def write_file_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Replace the file ``path`` durably and atomically with what ``write`` writes into the open binary file it
+    is given: written to ``.<name>.tmp<pid>`` beside it, fsync'ed, renamed over ``path``, the folder fsync'ed. A
+    kill leaves the old file or the new one, never a half-written one (a leftover temporary file is removed on
+    failure where possible).
 
     Raises:
-        OSError: from the file system (``path`` is then unchanged).
+        OSError: from the file system (``path`` is then unchanged); whatever ``write`` raises.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -84,6 +85,15 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace the text file ``path`` durably and atomically (:func:`write_file_atomic`).
+
+    Raises:
+        OSError: from the file system (``path`` is then unchanged).
+    """
+    write_file_atomic(path, lambda f: f.write(text.encode()))
 
 
 def move_aside(folder: str | Path) -> Path:

@@ -15,7 +15,7 @@ import torch
 from sim.core import EnvSpec
 from sim.dataset import EpisodeRecorder
 from sim.video import VideoWriter
-from vla_core.manifest import fsync_file, write_text_atomic
+from vla_core.manifest import write_file_atomic, write_text_atomic
 from vla_rl.data.preferences import PreferencePair, Trajectory
 from vla_rl.grape import collisions_by_outcome, shared_success_steps
 from vla_rl.report import stack_times
@@ -68,10 +68,7 @@ def write_round_dataset(root: Path, trajs: Sequence[Trajectory], spec: EnvSpec, 
 
 def save_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
     """Everything needed to re-train from the round (observations, sampler extras, scores), atomically."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save([vars(t) for t in trajs], tmp)
-    fsync_file(tmp)
-    os.replace(tmp, path)
+    write_file_atomic(path, lambda f: torch.save([vars(t) for t in trajs], f))
 
 
 def load_trajectories(path: Path) -> list[Trajectory]:

@@ -17,7 +17,6 @@ iteration and overall, how rewards, returns and advantages moved (:func:`advanta
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 from torch import Tensor
 
 from rewards import weighted_step_reward
-from vla_core.manifest import fsync_dir
+from vla_core.manifest import write_file_atomic
 from vla_rl.algorithms.advantages import normalize_advantages
 from vla_rl.rollout import EpisodeRecord, Rollout
 
@@ -110,13 +109,7 @@ def save_reward_trace(rollout: Rollout, path: str | Path, algo: dict[str, Any],
         "valid": rollout.valid, "group_ids": rollout.group_ids, "env_steps": rollout.env_steps,
         "episodes": [dataclasses.asdict(e) for e in rollout.episodes],
     }
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_file_atomic(path, lambda f: torch.save(data, f))
     return path
 
 

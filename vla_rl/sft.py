@@ -35,7 +35,7 @@ from policies.base import Policy
 from vla_core.keys import OBS_IMAGE_PREFIX
 from vla_core.manifest import fsync_dir, write_manifest
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
-from vla_rl.data.dataset import load_chunks, policy_inputs
+from vla_rl.data.dataset import load_policy_chunks
 
 SFT_RECORD = "sft.json"
 """The statistics file of a policy folder written by :func:`save_sft_policy`."""
@@ -294,7 +294,7 @@ def pretrain_on_dataset(policy: Policy, root: str | Path, cfg: SFTConfig, seed: 
         DatasetError: naming ``root`` and the feature, for a folder that is no LeRobotDataset, a feature the
             policy reads but the dataset lacks, a shape mismatch (both shapes), or too few episodes.
     """
-    data = load_chunks(root, policy_inputs(policy), policy.chunk_size, cfg.episodes)
+    data = load_policy_chunks(root, policy, cfg.episodes)
     stats = pretrain(policy, data, cfg, seed=seed, log=log, success_check=success_check)
     return {**stats, "frames": len(data), "episodes": data.episodes, "dataset": str(Path(root).resolve())}
 

@@ -31,7 +31,7 @@ from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.curriculum import TaskCurriculum, spread
-from vla_rl.data import ChunkDataset, load_chunks, policy_inputs
+from vla_rl.data import ChunkDataset, load_policy_chunks
 from vla_rl.distributed import SINGLE, Distributed, rank_seed
 from vla_rl.evaluation import EvalResult, EvalShard, evaluate_policy
 from vla_rl.policy_factory import build_policy
@@ -41,6 +41,10 @@ from vla_rl.run_logging import RunLogger
 from vla_rl.threads import torch_threads
 from vla_rl.timing import StageTimes, split_remainder, time_summary
 from vla_rl.train_config import TrainConfig, training_seed_range
+
+
+LEARNER_STORE = "learner_store"
+"""Run sub-folder for learner state too large for a checkpoint (:meth:`Learner.use_store`); ``rank<r>/`` per rank."""
 
 
 def seed_everything(seed: int) -> None:
@@ -198,6 +202,8 @@ class Trainer:
                 policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
             learner: Learner = self.learner_cls(cfg.algo.for_run(cfg.iterations), policy)
             learner.to(dist.device)  # a GPU when there is one, also in a one-process run
+            store = self.run_dir / LEARNER_STORE
+            learner.use_store(store / f"rank{dist.rank}" if dist.enabled else store, cfg.keep_last)
             if dist.enabled:  # same initial weights on every rank; from here on each rank draws its own noise
                 learner.distribute(dist)
                 seed_everything(rank_seed(cfg.seed, dist.rank))
@@ -340,8 +346,8 @@ class Trainer:
             return None
         if not cfg.data.path:
             raise ConfigError(f"algo.type={cfg.algo.type} trains on offline data: pass --data.path <LeRobotDataset folder>")
-        return load_chunks(cfg.data.path, policy_inputs(policy), policy.chunk_size, cfg.data.episodes,
-                           cfg.data.intervention_split, cfg.data.recovery_steps)
+        return load_policy_chunks(cfg.data.path, policy, cfg.data.episodes, cfg.data.intervention_split,
+                                  cfg.data.recovery_steps)
 
     def _write_eval(self, res: EvalResult, tag: str) -> None:
         if not self.dist.is_main:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from sim.core import OBS_STATE
 from sim.vector import SerialVecEnv
 from tests.sim.toy_env import CounterEnv
 from tests.vla_rl.toy_policy import GaussianPolicy
+from vla_core.manifest import IntegrityError
 from vla_rl.algorithms.base import IterationInputs
 from vla_rl.algorithms.filtered_bc import FilteredBCConfig, FilteredBCLearner
 from vla_rl.data.replay import SuccessBuffer
@@ -99,6 +101,97 @@ def test_the_buffer_is_a_ring_filters_keys_and_names_what_it_lacks() -> None:
         SuccessBuffer(5).sample(1, torch.Generator())
     with pytest.raises(ValueError, match="capacity"):
         SuccessBuffer(0)
+
+
+def _rows(buffer: SuccessBuffer) -> list[tuple]:
+    """Every kept row as (task, state, action), in ring order: what ``sample`` draws from, position by position."""
+    assert buffer._actions is not None
+    return [(buffer._obs["task"][i], *buffer._obs[OBS_STATE][i].tolist(), *buffer._actions[i].flatten().tolist())
+            for i in range(len(buffer))]
+
+
+def test_the_buffer_saves_to_an_append_only_store_and_a_resumed_buffer_holds_the_same_rows(tmp_path) -> None:
+    """Each state writes only the rows added since the last one; a buffer loaded from any of the last ``keep``
+    states holds exactly the rows (ring positions included) and draws the same minibatches; older shards are
+    deleted, shards written after the state a run resumes from are dropped, and a lost store is named."""
+    torch.manual_seed(0)
+    engine = _engine(goal=0.05, n=4, policy=GaussianPolicy(2, 1, horizon=1, init_mean=0.5), episode_steps=2)
+    engine.reset(seed=0)
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "rows_000000000000_000000000003.pt.zlib").write_bytes(b"from a start that never checkpointed")
+    buffer = SuccessBuffer(capacity=7, keys=[OBS_STATE, "task"])
+    buffer.persist(store, keep=2)
+    saved = []
+    for _ in range(5):
+        buffer.add_rollout(engine.collect(2, ActMode.EXPLORE))
+        saved.append((buffer.state_dict(), _rows(buffer), buffer.sample(9, torch.Generator().manual_seed(1))))
+    assert buffer.rows_added > 3 * buffer.capacity  # the ring wrapped several times
+    shards = sorted(p.name for p in store.iterdir())
+    assert len(shards) <= 3 and "rows_000000000000_000000000003.pt.zlib" not in shards  # pruned, stale one gone
+    (store / ".rows_000000000099_000000000100.pt.tmp1").write_bytes(b"killed mid-write")
+
+    for state, rows, batch in (saved[-1], saved[-2]):  # the last keep=2 states stay loadable
+        resumed = SuccessBuffer(capacity=7, keys=[OBS_STATE, "task"])
+        resumed.persist(store, keep=2)
+        resumed.load_state_dict(state)
+        assert len(resumed) == len(rows) and _rows(resumed) == rows
+        again = resumed.sample(9, torch.Generator().manual_seed(1))
+        assert torch.equal(again.actions, batch.actions) and again.obs["task"] == batch.obs["task"]
+        assert (resumed.episodes_kept, resumed.rows_added) == (state["episodes"][0], state["rows_added"])
+    assert not list(store.glob(".rows_*"))  # the leftover temporary file was removed
+    # resuming the older state dropped the shard written after it: the resumed run writes its own
+    assert max(int(p.name.split("_")[2].split(".")[0]) for p in store.glob("rows_*")) == saved[-2][0]["rows_added"]
+
+    with pytest.raises(ValueError, match="algo.buffer_size"):
+        other = SuccessBuffer(capacity=8)
+        other.persist(store)
+        other.load_state_dict(saved[-2][0])
+    newest = max(store.glob("rows_*"))
+    newest.write_bytes(newest.read_bytes()[:100])
+    with pytest.raises(IntegrityError, match=newest.name):
+        damaged = SuccessBuffer(capacity=7, keys=[OBS_STATE, "task"])
+        damaged.persist(store)
+        damaged.load_state_dict(saved[-2][0])
+    for shard in store.glob("rows_*"):
+        shard.unlink()
+    lost = SuccessBuffer(capacity=7)
+    lost.persist(store)
+    with pytest.raises(FileNotFoundError, match=f"not in its store {store}"):
+        lost.load_state_dict(saved[-2][0])
+    with pytest.raises(ValueError, match="persist"):
+        SuccessBuffer(capacity=7).state_dict()
+
+
+def test_a_resumed_filtered_bc_run_keeps_imitating_the_successes_it_had_collected(tmp_path, capsys) -> None:
+    """``vla-rl train --algo.type filtered_bc`` stopped after 3 iterations and resumed: the buffer comes back with
+    the decisions it held and grows from there (it used to restart empty). The episodes a run keeps are judged
+    by ``success_return`` on the negated env reward, so a random tiny policy fills the buffer."""
+    from vla_rl.cli import run
+
+    args = ["train", "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--env.image_size", "32",
+            "--env.max_episode_steps", "16", "--policy.type", "compact-flow", "--policy.width", "32",
+            "--policy.heads", "2", "--policy.chunk_size", "4", "--policy.text_encoder", "hashed",
+            "--policy.cnn_channels", "[8,16]", "--policy.image_tokens", "2", "--policy.sampler.num_steps", "2",
+            "--eval.episodes", "2", "--eval.every", "0", "--eval.video", "false", "--logging.wandb", "false",
+            "--logging.tensorboard", "false", "--algo.type", "filtered_bc", "--algo.decisions_per_iter", "4",
+            "--algo.steps_per_iter", "1", "--algo.batch_size", "4", "--algo.min_buffer", "1",
+            "--algo.success_return", "0.000001", "--reward.terms", "{env: -1.0}", "--run_dir", str(tmp_path / "run")]
+
+    def kept() -> list[float]:
+        rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        return [r["update/buffer_decisions"] for r in rows if "update/buffer_decisions" in r]
+
+    run([*args, "--iterations", "3"])
+    before = kept()
+    assert before[-1] > 0 and len(before) == 3
+    capsys.readouterr()
+    run([*args, "--iterations", "5", "--resume", "true"])
+    out = capsys.readouterr().out
+    assert f"success buffer: {before[-1]:.0f} decisions" in out and "restored from" in out
+    after = kept()[3:]
+    assert len(after) == 2 and after[0] > before[-1] and after[1] > after[0]  # it grows on from the saved rows
+    assert list((tmp_path / "run" / "learner_store").glob("rows_*.pt.zlib"))
 
 
 def _flow_policy(seed: int) -> CompactFlowPolicy:

@@ -35,6 +35,7 @@ import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import draccus
@@ -231,6 +232,12 @@ class Learner(abc.ABC):
         if self._caller is None:
             return getattr(self.policy, method)(*args)
         return self._caller(method, *args)
+
+    def use_store(self, folder: Path, keep: int) -> None:
+        """A folder of the run (this rank's own under several processes) for state too large to rewrite into every
+        checkpoint, such as filtered_bc's success buffer: the learner writes it there append-only, its
+        :meth:`state_dict` names what a checkpoint needs, and what the latest ``keep`` checkpoints need stays.
+        Called once, before :meth:`load_state_dict`. Default: unused."""
 
     def rank_state(self) -> dict[str, Any]:
         """What differs between ranks besides the RNG states (a data sampler's generator); saved per rank in a

@@ -21,6 +21,7 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -126,6 +127,8 @@ class FilteredBCLearner(SFTLearner):
         self._actor: Policy | None = None  # overlap: the weights the envs are played with while the policy trains
         self.act_generator: torch.Generator | None = None  # overlap: the actor's own RNG (module doc of rollout)
         self._reniced: Any = None  # overlap: the env whose workers yield to the update thread
+        self._store: tuple[Path, int] | None = None  # the success buffer's store and how many states it keeps
+        self._buffer_state: dict[str, Any] | None = None  # a resumed run's buffer, loaded once the buffer exists
 
     def distribute(self, dist: Any) -> None:
         if self.cfg.overlap and dist.enabled:
@@ -171,6 +174,7 @@ class FilteredBCLearner(SFTLearner):
             self.buffer = SuccessBuffer(self.cfg.buffer_size, list(self.demos.obs) if self.demos is not None else None,
                                         relabel=self._instructions(engine) if self.cfg.hindsight else None,
                                         success_return=self.cfg.success_return or None)
+            self._restore_buffer()
         if self.updater is None:  # the policy keeps its normalization: it is fine-tuned, not pre-trained
             self.updater = self._start(None)
         if self.cfg.overlap:
@@ -241,12 +245,42 @@ class FilteredBCLearner(SFTLearner):
                 "update/relabeled_episodes": float(self.buffer.episodes_relabeled),
                 "update/demo_rows": demo_rows / max(1, sum(len(b) for b in batches))}
 
+    def use_store(self, folder: Path, keep: int) -> None:
+        """The success buffer's rows go to an append-only store in ``folder``
+        (:meth:`vla_rl.data.replay.SuccessBuffer.persist`), so a checkpoint names them and a resumed run keeps
+        imitating them."""
+        self._store = (Path(folder), keep)
+
+    def _restore_buffer(self) -> None:
+        """Give the new buffer its store and, in a resumed run, the rows its checkpoint names."""
+        assert self.buffer is not None
+        if self._store is None:
+            return
+        self.buffer.persist(*self._store)
+        if self._buffer_state is not None:
+            self.buffer.load_state_dict(self._buffer_state)
+            if self.dist.is_main:
+                print(f"success buffer: {len(self.buffer)} decisions of {self.buffer.episodes_kept} successful "
+                      f"episodes restored from {self._store[0]}")
+        elif self.iteration > 0 and self.dist.is_main:
+            print("success buffer: the checkpoint names none (written before buffers were saved); it refills from "
+                  "the episodes of the resumed run")
+        self._buffer_state = None
+
+    def _saved_buffer(self) -> dict[str, Any] | None:
+        """The buffer's state for a checkpoint (its rows written to the store first); None without a store."""
+        if self.buffer is None or self.buffer.store is None:
+            return self._buffer_state  # not built yet: a resumed state still waiting for it, or nothing
+        return self.buffer.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
-        """The SFT state and the actor's RNG; with ``overlap``, deferred minibatches are not saved (the weights
-        and optimizer saved are those before them, consistent with each other), like the success buffer."""
+        """The SFT state, the actor's RNG and the success buffer's (its rows are in the store, :meth:`use_store`);
+        with ``overlap``, deferred minibatches are not saved (the weights and optimizer saved are those before
+        them, consistent with each other)."""
         state = super().state_dict()
         if self.act_generator is not None:
             state["act_generator"] = self.act_generator.get_state()
+        state["buffer"] = self._saved_buffer()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -254,3 +288,12 @@ class FilteredBCLearner(SFTLearner):
         if state.get("act_generator") is not None:
             self.act_generator = torch.Generator()
             self.act_generator.set_state(state["act_generator"])
+        self._buffer_state = state.get("buffer")
+
+    def rank_state(self) -> dict[str, Any]:
+        """Each rank's own success buffer, besides its minibatch generator."""
+        return {**super().rank_state(), "buffer": self._saved_buffer()}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        super().load_rank_state(state)
+        self._buffer_state = state.get("buffer")

@@ -97,9 +97,9 @@ class SFTLearner(Learner):
 
     def _load(self, path: str) -> ChunkDataset:
         """The LeRobotDataset at ``path`` as chunks of this policy's inputs and horizon (demos, extra data)."""
-        from vla_rl.data.dataset import load_chunks, policy_inputs
+        from vla_rl.data.dataset import load_policy_chunks
 
-        return load_chunks(path, policy_inputs(self.policy), self.policy.chunk_size)
+        return load_policy_chunks(path, self.policy)
 
     def _start(self, data: Any) -> SFTUpdater:
         """Fit the normalization on the data (first run only; ``data`` None: keep the policy's) and build the

@@ -211,9 +211,9 @@ class TPOLearner(Learner):
     def _demo_rows(self) -> ChunkDataset:
         """``cfg.demos`` as chunks of the policy's inputs, read once."""
         if self.demos is None:
-            from vla_rl.data.dataset import load_chunks, policy_inputs
+            from vla_rl.data.dataset import load_policy_chunks
 
-            self.demos = load_chunks(self.cfg.demos, policy_inputs(self.policy), self.policy.chunk_size)
+            self.demos = load_policy_chunks(self.cfg.demos, self.policy)
         return self.demos
 
     def _chosen_bc(self, chosen: list[Trajectory]) -> torch.Tensor | None:

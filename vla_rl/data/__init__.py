@@ -15,6 +15,7 @@ from vla_rl.data.dataset import (
     check_inputs,
     dataset_spec,
     load_chunks,
+    load_policy_chunks,
     policy_inputs,
 )
 from vla_rl.data.demos import collect_demos
@@ -22,6 +23,6 @@ from vla_rl.data.mix import ChunkSource, MixedSource, concat_batches, split_rows
 
 __all__ = [
     "ChunkBatch", "ChunkDataset", "ChunkSource", "DatasetError", "DatasetSpec", "MixedSource", "PolicyInputs",
-    "check_inputs", "collect_demos", "concat_batches", "dataset_spec", "load_chunks", "make_chunks",
-    "policy_inputs", "split_rows",
+    "check_inputs", "collect_demos", "concat_batches", "dataset_spec", "load_chunks", "load_policy_chunks",
+    "make_chunks", "policy_inputs", "split_rows",
 ]

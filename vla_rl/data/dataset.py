@@ -298,6 +298,12 @@ def load_chunks(root: str | Path, inputs: PolicyInputs, horizon: int, episodes: 
                        success=column(SUCCESS, torch.bool), label=labels)
 
 
+def load_policy_chunks(root: str | Path, policy: Any, episodes: int = 0, split_rule: str = "correction",
+                       recovery_steps: int = 5) -> ChunkDataset:
+    """:func:`load_chunks` for ``policy``: its inputs (:func:`policy_inputs`) and its chunk size as the horizon."""
+    return load_chunks(root, policy_inputs(policy), policy.chunk_size, episodes, split_rule, recovery_steps)
+
+
 def _checked(items: Any, root: Path) -> Any:
     """``items``, with an error while reading a frame (a truncated data file) raised as :class:`DatasetError`."""
     it = iter(items)

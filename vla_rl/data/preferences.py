@@ -11,7 +11,6 @@ rejected ids), atomically.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,14 +181,11 @@ def write_pairs_table(path: str | Path, pairs: Sequence[PreferencePair], cost_na
     """Write the pairs (:func:`pairs_rows`) as a parquet table at ``path``, atomically (tmp, fsync, rename)."""
     import pandas as pd
 
-    from vla_core.manifest import fsync_dir, fsync_file
+    from vla_core.manifest import write_file_atomic
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     columns = None if pairs else ["state", "seed", "chosen_id", "rejected_id", "chosen_score", "rejected_score"]
-    pd.DataFrame(pairs_rows(pairs, cost_names), columns=columns).to_parquet(tmp, index=False)
-    fsync_file(tmp)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    table = pd.DataFrame(pairs_rows(pairs, cost_names), columns=columns)
+    write_file_atomic(path, lambda f: table.to_parquet(f, index=False))
     return path

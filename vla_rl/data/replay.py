@@ -13,10 +13,25 @@ episode of that other task. Its decisions up to the one in which that task first
 that task's instruction, as language-conditioned imitation relabels play (Lynch & Sermanet 2021) and hindsight
 experience replay relabels goals (Andrychowicz et al. 2017). The same images then appear under two instructions
 with two different actions, the contrast that teaches a policy which object an instruction names.
+
+Persistence (:meth:`SuccessBuffer.persist`): the ring can hold hundreds of megabytes of images, too much to
+rewrite into every checkpoint. Its rows go instead to an append-only store, a folder of shard files
+``rows_<first>_<end>.pt.zlib`` (global row numbers; ``torch.save`` bytes, zlib-compressed, each shard written
+atomically). :meth:`SuccessBuffer.state_dict`
+writes the rows added since the previous one as a new shard and returns a few numbers naming the rows the ring
+holds; a checkpoint keeps those numbers, and :meth:`SuccessBuffer.load_state_dict` reads the rows back from the
+shards, so a resumed run imitates the successes it had collected. Shards that no kept checkpoint needs are
+deleted, and so are shards written after the checkpoint a run resumes from.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
+import re
+import zlib
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -24,6 +39,7 @@ from torch import Tensor
 
 from sim.tasks import TASK_INDEX
 from vla_core.keys import TASK
+from vla_core.manifest import IntegrityError, fsync_dir, write_file_atomic
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 
 if TYPE_CHECKING:
@@ -39,6 +55,9 @@ class _Decision(NamedTuple):
     """Index of the other task its steps first accomplished (hindsight relabeling), else -1."""
     reward: float
     """The run's reward of the decision (``Rollout.rewards``), summed when ``success_return`` judges the episode."""
+
+
+_SHARD = re.compile(r"rows_(\d+)_(\d+)\.pt\.zlib")
 
 
 class SuccessBuffer:
@@ -72,12 +91,19 @@ class SuccessBuffer:
         self._mask: Tensor | None = None
         self._size = 0
         self._next = 0
+        self.rows_added = 0
+        """Rows ever put in the ring (a row's global number is its index in this sequence)."""
         self.relabel = relabel
         self._pending: dict[int, list[_Decision]] = {}
         self.episodes_kept = 0
         self.episodes_dropped = 0
         self.episodes_relabeled = 0
         """Failed episodes kept under another task's instruction (counted in ``episodes_kept`` too)."""
+        self.store: Path | None = None
+        self._keep = 1
+        self._saved = 0  # rows_added at the last state_dict: rows before it are in the store
+        self._windows: list[tuple[int, int]] = []  # (first, end) rows of the last ``keep`` states
+        self._store_checked = False
 
     def __len__(self) -> int:
         return self._size
@@ -154,18 +180,139 @@ class SuccessBuffer:
         """Drop the decisions of running episodes (their envs were reset: those episodes never end)."""
         self._pending.clear()
 
+    def _allocate(self, obs: dict[str, Any], action: Tensor) -> None:
+        """The ring's storage, shaped like one row."""
+        self._actions = torch.zeros((self.capacity, *action.shape), dtype=torch.float32)
+        self._mask = torch.ones(self._actions.shape[:2], dtype=torch.bool)  # every chunk step is the policy's
+        for k, v in obs.items():
+            self._obs[k] = [""] * self.capacity if k == TASK else torch.zeros((self.capacity, *v.shape), dtype=v.dtype)
+
     def _put(self, obs: dict[str, Any], action: Tensor) -> None:
         if self._actions is None:
-            self._actions = torch.zeros((self.capacity, *action.shape), dtype=torch.float32)
-            self._mask = torch.ones(self._actions.shape[:2], dtype=torch.bool)  # every chunk step is the policy's
-            for k, v in obs.items():
-                self._obs[k] = [""] * self.capacity if k == TASK else torch.zeros((self.capacity, *v.shape), dtype=v.dtype)
+            self._allocate(obs, action)
         i = self._next
         self._actions[i] = action.float()
         for k, v in obs.items():
             self._obs[k][i] = v
         self._next = (i + 1) % self.capacity
         self._size = min(self._size + 1, self.capacity)
+        self.rows_added += 1
+
+    def persist(self, folder: str | Path, keep: int = 1) -> None:
+        """Mirror the kept rows to an append-only store in ``folder`` (module doc), so that :meth:`state_dict` can
+        name them instead of holding them; ``keep``: how many of the latest states must stay loadable (a run's
+        ``keep_last`` checkpoints)."""
+        if keep < 1:
+            raise ValueError(f"SuccessBuffer.persist keep must be >= 1, got {keep}")
+        self.store, self._keep = Path(folder), keep
+
+    def _shards(self) -> list[tuple[int, int, Path]]:
+        """``(first, end, path)`` of the store's shards, in row order; leftover temporary files are removed."""
+        assert self.store is not None
+        if not self.store.exists():
+            return []
+        found = []
+        for path in self.store.iterdir():
+            match = _SHARD.fullmatch(path.name)
+            if match:
+                found.append((int(match[1]), int(match[2]), path))
+            elif path.name.startswith(".rows_"):  # a write killed before its rename
+                path.unlink(missing_ok=True)
+        return sorted(found)
+
+    def _remove_shards(self, doomed: Callable[[int, int], bool]) -> None:
+        removed = False
+        for first, end, path in self._shards():
+            if doomed(first, end):
+                path.unlink(missing_ok=True)
+                removed = True
+        if removed:
+            assert self.store is not None
+            fsync_dir(self.store)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The numbers that name the ring's rows in the store, after writing the rows added since the last call
+        as a shard; shards no longer needed by the last ``keep`` states are deleted.
+
+        Raises:
+            ValueError: when :meth:`persist` named no store.
+            OSError: from the file system (the previous states stay loadable).
+        """
+        if self.store is None:
+            raise ValueError("SuccessBuffer.state_dict needs a store: call persist(folder) first")
+        self.store.mkdir(parents=True, exist_ok=True)
+        if not self._store_checked:  # a fresh buffer: shards left by an earlier start that never checkpointed
+            self._remove_shards(lambda first, end: True)
+            self._store_checked = True
+        first = max(self._saved, self.rows_added - self._size)
+        if first < self.rows_added:
+            rows = torch.arange(first, self.rows_added)
+            at = (self._next - (self.rows_added - rows)) % self.capacity
+            assert self._actions is not None
+            shard = {"actions": self._actions[at].clone(),
+                     "obs": {k: ([v[i] for i in at.tolist()] if k == TASK else v[at].clone())
+                             for k, v in self._obs.items()}}
+            data = io.BytesIO()
+            torch.save(shard, data)
+            packed = zlib.compress(data.getbuffer(), 1)  # rendered tabletop frames shrink about 20x, in ms
+            write_file_atomic(self.store / f"rows_{first:012d}_{self.rows_added:012d}.pt.zlib",
+                              lambda f: f.write(packed))
+        self._saved = self.rows_added
+        window = (self.rows_added - self._size, self.rows_added)
+        if not self._windows or self._windows[-1] != window:  # asked twice for one checkpoint: counted once
+            self._windows = [*self._windows, window][-self._keep:]
+        oldest = min(start for start, _ in self._windows)
+        self._remove_shards(lambda first, end: end <= oldest)
+        return {"rows_added": self.rows_added, "size": self._size, "next": self._next,
+                "capacity": self.capacity, "windows": list(self._windows),
+                "episodes": [self.episodes_kept, self.episodes_dropped, self.episodes_relabeled]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Refill the ring with the rows :meth:`state_dict` named, read from the store; shards written after that
+        state (by the run that is being resumed past) are deleted.
+
+        Raises:
+            ValueError: when no store was named, or the state is of a buffer of another capacity.
+            FileNotFoundError: when the store lacks rows the state names (naming the folder and the rows).
+            vla_core.manifest.IntegrityError: for a damaged shard (naming it).
+        """
+        if self.store is None:
+            raise ValueError("SuccessBuffer.load_state_dict needs a store: call persist(folder) first")
+        if state["capacity"] != self.capacity:
+            raise ValueError(f"the success buffer was saved with capacity {state['capacity']}; this run's is "
+                             f"{self.capacity} (algo.buffer_size): resume with the same setting")
+        total, size = state["rows_added"], state["size"]
+        self._remove_shards(lambda first, end: end > total)
+        self._store_checked = True
+        cursor = total - size  # the next row to read: rows [total - size, total) are the ring's
+        for first, end, path in self._shards():
+            if not first <= cursor < end:
+                continue
+            try:
+                shard = torch.load(io.BytesIO(zlib.decompress(path.read_bytes())), weights_only=True)
+            except (zlib.error, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+                raise IntegrityError(f"{path} is damaged ({e}); the success buffer cannot be restored from it")
+            rows = torch.arange(cursor, min(end, total))
+            at, part = (state["next"] - (total - rows)) % self.capacity, rows - first
+            if self._actions is None:
+                self._allocate({k: v[0] for k, v in shard["obs"].items()}, shard["actions"][0])
+            assert self._actions is not None
+            self._actions[at] = shard["actions"][part]
+            for k, v in shard["obs"].items():
+                if k == TASK:
+                    for i, j in zip(at.tolist(), part.tolist(), strict=True):
+                        self._obs[k][i] = v[j]
+                else:
+                    self._obs[k][at] = v[part]
+            cursor = int(rows[-1]) + 1
+        if cursor < total:
+            raise FileNotFoundError(f"the success buffer's rows {cursor}..{total - 1} are not in its store "
+                                    f"{self.store} (shards rows_<first>_<end>.pt.zlib); restore that folder, or start "
+                                    "the run anew")
+        self.rows_added, self._size, self._next = total, size, state["next"]
+        self._saved = total
+        self._windows = [tuple(w) for w in state["windows"]]
+        self.episodes_kept, self.episodes_dropped, self.episodes_relabeled = state["episodes"]
 
     def sample(self, batch_size: int, generator: torch.Generator) -> ChunkBatch:
         """``batch_size`` kept rows drawn uniformly with replacement (one ``torch.randint`` on ``generator``).
