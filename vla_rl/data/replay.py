@@ -17,9 +17,8 @@ with two different actions, the contrast that teaches a policy which object an i
 Persistence (:meth:`SuccessBuffer.persist`): the ring can hold hundreds of megabytes of images, too much to
 rewrite into every checkpoint. Its rows go instead to an append-only store, a folder of shard files
 ``rows_<first>_<end>.pt.zlib`` (global row numbers; ``torch.save`` bytes, zlib-compressed, each shard written
-atomically). :meth:`SuccessBuffer.state_dict`
-writes the rows added since the previous one as a new shard and returns a few numbers naming the rows the ring
-holds; a checkpoint keeps those numbers, and :meth:`SuccessBuffer.load_state_dict` reads the rows back from the
+atomically). :meth:`SuccessBuffer.state_dict` writes the rows added since the previous one as a new shard and
+returns a few numbers naming the rows the ring holds; a checkpoint keeps those numbers, and :meth:`SuccessBuffer.load_state_dict` reads the rows back from the
 shards, so a resumed run imitates the successes it had collected. Shards that no kept checkpoint needs are
 deleted, and so are shards written after the checkpoint a run resumes from.
 """
@@ -89,10 +88,8 @@ class SuccessBuffer:
         self._obs: dict[str, Any] = {}
         self._actions: Tensor | None = None
         self._mask: Tensor | None = None
-        self._size = 0
-        self._next = 0
         self.rows_added = 0
-        """Rows ever put in the ring (a row's global number is its index in this sequence)."""
+        """Rows ever put in the ring: row n (its global number) sits at position ``n % capacity``."""
         self.relabel = relabel
         self._pending: dict[int, list[_Decision]] = {}
         self.episodes_kept = 0
@@ -101,12 +98,10 @@ class SuccessBuffer:
         """Failed episodes kept under another task's instruction (counted in ``episodes_kept`` too)."""
         self.store: Path | None = None
         self._keep = 1
-        self._saved = 0  # rows_added at the last state_dict: rows before it are in the store
-        self._windows: list[tuple[int, int]] = []  # (first, end) rows of the last ``keep`` states
-        self._store_checked = False
+        self._windows: list[tuple[int, int]] = []  # (first, end) rows of the last ``keep`` states, oldest first
 
     def __len__(self) -> int:
-        return self._size
+        return min(self.rows_added, self.capacity)
 
     def add_rollout(self, rollout: Rollout) -> None:
         """File every valid decision of ``rollout`` under its env's running episode; an episode that ended in
@@ -190,12 +185,10 @@ class SuccessBuffer:
     def _put(self, obs: dict[str, Any], action: Tensor) -> None:
         if self._actions is None:
             self._allocate(obs, action)
-        i = self._next
+        i = self.rows_added % self.capacity
         self._actions[i] = action.float()
         for k, v in obs.items():
             self._obs[k][i] = v
-        self._next = (i + 1) % self.capacity
-        self._size = min(self._size + 1, self.capacity)
         self.rows_added += 1
 
     def persist(self, folder: str | Path, keep: int = 1) -> None:
@@ -241,13 +234,13 @@ class SuccessBuffer:
         if self.store is None:
             raise ValueError("SuccessBuffer.state_dict needs a store: call persist(folder) first")
         self.store.mkdir(parents=True, exist_ok=True)
-        if not self._store_checked:  # a fresh buffer: shards left by an earlier start that never checkpointed
+        if not self._windows:  # never saved nor loaded: shards left by an earlier start that never checkpointed
             self._remove_shards(lambda first, end: True)
-            self._store_checked = True
-        first = max(self._saved, self.rows_added - self._size)
+        saved = self._windows[-1][1] if self._windows else 0  # rows before it are in the store already
+        first = max(saved, self.rows_added - len(self))
         if first < self.rows_added:
             rows = torch.arange(first, self.rows_added)
-            at = (self._next - (self.rows_added - rows)) % self.capacity
+            at = rows % self.capacity
             assert self._actions is not None
             shard = {"actions": self._actions[at].clone(),
                      "obs": {k: ([v[i] for i in at.tolist()] if k == TASK else v[at].clone())
@@ -257,14 +250,12 @@ class SuccessBuffer:
             packed = zlib.compress(data.getbuffer(), 1)  # rendered tabletop frames shrink about 20x, in ms
             write_file_atomic(self.store / f"rows_{first:012d}_{self.rows_added:012d}.pt.zlib",
                               lambda f: f.write(packed))
-        self._saved = self.rows_added
-        window = (self.rows_added - self._size, self.rows_added)
+        window = (self.rows_added - len(self), self.rows_added)
         if not self._windows or self._windows[-1] != window:  # asked twice for one checkpoint: counted once
             self._windows = [*self._windows, window][-self._keep:]
         oldest = min(start for start, _ in self._windows)
         self._remove_shards(lambda first, end: end <= oldest)
-        return {"rows_added": self.rows_added, "size": self._size, "next": self._next,
-                "capacity": self.capacity, "windows": list(self._windows),
+        return {"rows_added": self.rows_added, "capacity": self.capacity, "windows": list(self._windows),
                 "episodes": [self.episodes_kept, self.episodes_dropped, self.episodes_relabeled]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -281,10 +272,9 @@ class SuccessBuffer:
         if state["capacity"] != self.capacity:
             raise ValueError(f"the success buffer was saved with capacity {state['capacity']}; this run's is "
                              f"{self.capacity} (algo.buffer_size): resume with the same setting")
-        total, size = state["rows_added"], state["size"]
+        total = state["rows_added"]
         self._remove_shards(lambda first, end: end > total)
-        self._store_checked = True
-        cursor = total - size  # the next row to read: rows [total - size, total) are the ring's
+        cursor = max(0, total - self.capacity)  # the next row to read: the ring holds rows [cursor, total)
         for first, end, path in self._shards():
             if not first <= cursor < end:
                 continue
@@ -293,7 +283,7 @@ class SuccessBuffer:
             except (zlib.error, RuntimeError, EOFError, pickle.UnpicklingError) as e:
                 raise IntegrityError(f"{path} is damaged ({e}); the success buffer cannot be restored from it")
             rows = torch.arange(cursor, min(end, total))
-            at, part = (state["next"] - (total - rows)) % self.capacity, rows - first
+            at, part = rows % self.capacity, rows - first
             if self._actions is None:
                 self._allocate({k: v[0] for k, v in shard["obs"].items()}, shard["actions"][0])
             assert self._actions is not None
@@ -309,8 +299,7 @@ class SuccessBuffer:
             raise FileNotFoundError(f"the success buffer's rows {cursor}..{total - 1} are not in its store "
                                     f"{self.store} (shards rows_<first>_<end>.pt.zlib); restore that folder, or start "
                                     "the run anew")
-        self.rows_added, self._size, self._next = total, size, state["next"]
-        self._saved = total
+        self.rows_added = total
         self._windows = [tuple(w) for w in state["windows"]]
         self.episodes_kept, self.episodes_dropped, self.episodes_relabeled = state["episodes"]
 
@@ -320,10 +309,10 @@ class SuccessBuffer:
         Raises:
             ValueError: when the buffer is empty.
         """
-        if not self._size:
+        if not len(self):
             raise ValueError("SuccessBuffer is empty: no episode has succeeded yet")
         assert self._actions is not None and self._mask is not None
-        n = self._size
+        n = len(self)
         kept = ChunkDataset(obs={k: v[:n] for k, v in self._obs.items()}, actions=self._actions[:n],
                             mask=self._mask[:n], episodes=self.episodes_kept)
         return kept.sample(batch_size, generator)
