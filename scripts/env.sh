@@ -32,9 +32,12 @@ _find_python312() {
 }
 
 _system_packages() {
-  # EGL/GL for MuJoCo and LIBERO rendering, Vulkan loader for SAPIEN.
-  if ldconfig -p 2>/dev/null | grep -q 'libEGL.so.1' && ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1' \
-     && ldconfig -p 2>/dev/null | grep -q 'libOSMesa\|libGL.so.1'; then
+  # EGL/GL for MuJoCo and LIBERO rendering, Vulkan loader for SAPIEN. The cache is read once into a variable:
+  # `ldconfig -p | grep -q` under the scripts' `set -o pipefail` fails whenever grep exits before ldconfig has
+  # written everything (SIGPIPE), which sent a machine with the libraries into apt-get at random.
+  local libs; libs="$(ldconfig -p 2>/dev/null || true)"
+  if grep -q 'libEGL.so.1' <<<"$libs" && grep -q 'libvulkan.so.1' <<<"$libs" \
+     && grep -q 'libOSMesa\|libGL.so.1' <<<"$libs"; then
     return 0
   fi
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

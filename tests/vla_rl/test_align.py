@@ -236,3 +236,71 @@ def test_demo_bc_defaults_to_the_demos_the_policy_was_pretrained_on(tmp_path: Pa
     with pytest.raises(SystemExit) as exc:
         run(["align", *TOY, "--tpo.demo_bc", "10", "--run_dir", str(tmp_path / "r")])
     assert exc.value.code == 2 and "a fresh policy has no pre-training data" in capsys.readouterr().err
+
+
+def _stub_trajectory(tid: int, success: bool) -> "Trajectory":
+    from vla_rl.data.preferences import Trajectory
+
+    return Trajectory(id=tid, state=0, seed=tid, obs={"observation.state": torch.zeros(1, 2)},
+                      actions=torch.zeros(1, 2, 3), extras={}, logp=torch.zeros(1), success=success, steps=1,
+                      costs={}, stage_costs={})
+
+
+def test_replay_reads_the_successes_of_the_rounds_before_from_their_files(tmp_path: Path):
+    """``--tpo.replay_rounds K``: round k's update gets the successes written by rounds k-K .. k-1 (failures and
+    older rounds left out; a round without a file skipped), read from ``trajectories.pt`` so that a resumed run
+    replays what the uninterrupted one did."""
+    from vla_rl.align_report import save_trajectories
+    from vla_rl.commands.align import AlignConfig, _Run
+
+    rounds = {0: [(0, True), (1, False)], 1: [(2, True), (3, True)], 3: [(4, True)]}
+    for k, trajs in rounds.items():
+        (tmp_path / "rounds" / f"round_{k:03d}").mkdir(parents=True)
+        save_trajectories(tmp_path / "rounds" / f"round_{k:03d}" / "trajectories.pt",
+                          [_stub_trajectory(i, s) for i, s in trajs])
+
+    def ids(replay_rounds: int, k: int) -> list[int]:
+        cfg = AlignConfig(tpo=TPOConfig(chosen_bc=1.0, replay_rounds=replay_rounds))
+        return [t.id for t in _Run(cfg, tmp_path).replay(k)]
+
+    assert ids(1, 1) == [0] and ids(2, 2) == [0, 2, 3] and ids(1, 2) == [2, 3]
+    assert ids(2, 4) == [4] and ids(1, 0) == [] and ids(0, 3) == []
+    run_ = _Run(AlignConfig(tpo=TPOConfig(chosen_bc=1.0, replay_rounds=2)), tmp_path)
+    assert len(run_.replay(2)) == 3 and len(run_.replay(4)) == 1 and set(run_._successes) == {3}  # older ones dropped
+
+
+def test_align_toy_run_with_replay_trains_and_resumes_like_an_uninterrupted_run(tmp_path: Path, monkeypatch):
+    """A toy run with ``--tpo.chosen_bc 1 --tpo.replay_rounds 1`` whose first round has successes: round 2's update
+    reports the pool it replayed, and a run killed after round 1 and resumed ends with the same weights."""
+    import vla_rl.commands.align as align
+
+    args = [*TOY, "--env.obs_mode", "state", "--env.wrist_camera", "false", "--save_dataset", "false",
+            "--tpo.chosen_bc", "1", "--tpo.replay_rounds", "1"]
+    real_round = align.preference_round
+
+    def with_successes(*a, **kw):  # a random toy policy rarely succeeds: mark half its episodes successes
+        data = real_round(*a, **kw)
+        for t in data.trajectories[::2]:
+            t.success = True
+        return data
+
+    monkeypatch.setattr(align, "preference_round", with_successes)
+    full = run(["align", *args, "--run_dir", str(tmp_path / "full")])
+    pool = full["per_round"][2]["update"].get("replay_pool")
+    written = [t for t in load_trajectories(tmp_path / "full" / "rounds" / "round_000" / "trajectories.pt") if t.success]
+    assert pool == len(written) > 0 and "replay_pool" not in full["per_round"][1]["update"]
+
+    real = align._one_round
+
+    def killed(run_, k, *a, **kw):
+        if k == 1:
+            raise KeyboardInterrupt
+        return real(run_, k, *a, **kw)
+
+    monkeypatch.setattr(align, "_one_round", killed)
+    with pytest.raises(SystemExit):
+        run(["align", *args, "--run_dir", str(tmp_path / "cut")])
+    monkeypatch.setattr(align, "_one_round", real)
+    run(["align", *args, "--run_dir", str(tmp_path / "cut"), "--resume", "true"])
+    a, b = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

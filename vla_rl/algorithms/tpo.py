@@ -65,6 +65,13 @@ class TPOConfig(LearnerConfig):
     0 is GRAPE's loss."""
     demo_batch: int = 16
     """Demo rows per step with ``demo_bc``."""
+    replay_rounds: int = 0
+    """``vla-rl align`` only: ``chosen_bc`` also imitates the successes sampled in this many earlier rounds,
+    ``replay_batch`` of them drawn afresh each step, read back from the rounds' ``trajectories.pt``. A round's
+    update otherwise sees the successes of its own ``states_per_round`` initial states only; ``filtered_bc``
+    imitates every success of the run (its buffer). 0 is GRAPE's loss; needs ``chosen_bc`` > 0."""
+    replay_batch: int = 4
+    """Earlier rounds' successes per step with ``replay_rounds``."""
     lr: float = 1e-5
     """Learning rate of the policy parameters (AdamW)."""
     epochs: int = 4
@@ -81,7 +88,7 @@ class TPOConfig(LearnerConfig):
     def __post_init__(self) -> None:
         if self.beta <= 0:
             raise ValueError(f"algo.beta must be > 0, got {self.beta}")
-        for name in ("epochs", "pairs_per_step", "states_per_iter", "demo_batch"):
+        for name in ("epochs", "pairs_per_step", "states_per_iter", "demo_batch", "replay_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -91,6 +98,11 @@ class TPOConfig(LearnerConfig):
                 raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
         if self.demos and self.demo_bc == 0:
             raise ValueError(f"algo.demos={self.demos!r} is read only with algo.demo_bc > 0 (got 0)")
+        if self.replay_rounds < 0:
+            raise ValueError(f"algo.replay_rounds must be >= 0, got {self.replay_rounds}")
+        if self.replay_rounds and self.chosen_bc == 0:
+            raise ValueError(f"algo.replay_rounds={self.replay_rounds} adds earlier successes to chosen_bc's "
+                             "imitation: set algo.chosen_bc > 0")
 
     def smoke(self, limits: SmokeLimits, num_envs: int) -> tuple[LearnerConfig, int]:
         return dataclasses.replace(self, epochs=1, states_per_iter=1), min(num_envs, limits.max_envs)
@@ -115,6 +127,7 @@ class TPOLearner(Learner):
         self.optimizer = torch.optim.AdamW(policy.actor_parameters(), lr=cfg.lr, weight_decay=0.0)
         self._gen = torch.Generator().manual_seed(cfg.seed)
         self._demo_gen = torch.Generator().manual_seed(cfg.seed + 1)  # demo rows; the pair order stays as without
+        self._replay_gen = torch.Generator().manual_seed(cfg.seed + 2)  # replayed successes, likewise
         self.demos: ChunkDataset | None = None
 
     def distribute(self, dist: Any) -> None:
@@ -137,6 +150,9 @@ class TPOLearner(Learner):
         """
         if isinstance(inputs.data, list):
             return inputs.data
+        if self.cfg.replay_rounds:
+            raise ConfigError("algo.replay_rounds replays earlier rounds' successes from the round files vla-rl "
+                              "align writes; vla-rl train --algo.type tpo keeps none (use vla-rl align)")
         if inputs.engine is None:
             raise ValueError("tpo: no preference pairs and no env to sample them from")
         from vla_rl.grape import GrapeSettings, preference_round
@@ -154,8 +170,11 @@ class TPOLearner(Learner):
                     out[id(t)] = trajectory_logp(self.policy, t).detach()
         return out
 
-    def update(self, batch: list[PreferencePair]) -> dict[str, float]:
+    def update(self, batch: list[PreferencePair], replay: list[Trajectory] | None = None) -> dict[str, float]:
         """``epochs`` passes of :func:`tpo_loss` over ``batch`` (shuffled, ``pairs_per_step`` per step).
+
+        ``replay``: earlier rounds' successful trajectories; with ``chosen_bc`` each step imitates ``replay_batch``
+        of them (drawn with replacement) beside its pairs' chosen successes.
 
         Returns the mean of each loss statistic over the last epoch (``tpo_loss``, ``reward_margin``,
         ``accuracy``, ...) and ``pairs``; an empty batch returns ``{"pairs": 0}`` and changes nothing.
@@ -188,7 +207,7 @@ class TPOLearner(Learner):
                         loss = loss + self.cfg.chosen_nll * nll
                         stats["chosen_nll"] = nll.detach()
                 if self.cfg.chosen_bc > 0:
-                    bc = self._chosen_bc([p.chosen for p in pairs])
+                    bc = self._chosen_bc([p.chosen for p in pairs] + self._replayed(replay or []))
                     if bc is not None:
                         loss = loss + self.cfg.chosen_bc * bc
                         stats["chosen_bc"] = bc.detach()
@@ -206,6 +225,8 @@ class TPOLearner(Learner):
         self.policy.train(was_training)
         out = {k: sum(v) / len(v) for k, v in last.items()}
         out["pairs"] = float(len(batch))
+        if replay and self.cfg.chosen_bc > 0:
+            out["replay_pool"] = float(len(replay))
         return out
 
     def _demo_rows(self) -> ChunkDataset:
@@ -215,6 +236,13 @@ class TPOLearner(Learner):
 
             self.demos = load_policy_chunks(self.cfg.demos, self.policy)
         return self.demos
+
+    def _replayed(self, pool: list[Trajectory]) -> list[Trajectory]:
+        """``replay_batch`` trajectories of ``pool`` (with replacement); none from an empty pool."""
+        if not pool:
+            return []
+        picks = torch.randint(len(pool), (self.cfg.replay_batch,), generator=self._replay_gen)
+        return [pool[i] for i in picks.tolist()]
 
     def _chosen_bc(self, chosen: list[Trajectory]) -> torch.Tensor | None:
         """The policy's ``sft_loss`` on the executed chunks of the successful ``chosen``, weighted by decisions;
@@ -230,6 +258,7 @@ class TPOLearner(Learner):
         out = super().state_dict()
         out["generator"] = self._gen.get_state()
         out["demo_generator"] = self._demo_gen.get_state()
+        out["replay_generator"] = self._replay_gen.get_state()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -238,3 +267,5 @@ class TPOLearner(Learner):
             self._gen.set_state(state["generator"])
         if "demo_generator" in state:
             self._demo_gen.set_state(state["demo_generator"])
+        if "replay_generator" in state:
+            self._replay_gen.set_state(state["replay_generator"])

@@ -148,6 +148,20 @@ class _Run:
         self.cfg, self.run_dir = cfg, run_dir
         self.ckpt_dir = run_dir / "checkpoints"
         self.rounds_dir = run_dir / "rounds"
+        self._successes: dict[int, list[Any]] = {}  # round index -> its successful trajectories, for tpo.replay_rounds
+
+    def replay(self, k: int) -> list[Any]:
+        """The successes sampled in the ``tpo.replay_rounds`` rounds before round ``k`` (0-based), read from their
+        ``trajectories.pt`` (so a resumed run replays what it would have); rounds not written are skipped."""
+        from vla_rl.align_report import load_trajectories
+
+        window = range(max(0, k - self.cfg.tpo.replay_rounds), k)
+        self._successes = {j: v for j, v in self._successes.items() if j in window}
+        for j in window:
+            path = self.rounds_dir / f"round_{j:03d}" / "trajectories.pt"
+            if j not in self._successes and path.exists():
+                self._successes[j] = [t for t in load_trajectories(path) if t.success]
+        return [t for j in window for t in self._successes.get(j, [])]
 
     def evaluate(self, engine: RolloutEngine, episodes: int, costs: list[str]) -> dict[str, Any]:
         """Deterministic episodes on held-out seeds, on their own RNG stream (the same noise for every policy)."""
@@ -367,7 +381,7 @@ def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, co
               "training skipped")
         row.update(skipped=True, update={})
     else:
-        row.update(skipped=False, update=learner.update(data.pairs))
+        row.update(skipped=False, update=learner.update(data.pairs, run.replay(k)))
     # sample_env / sample_act: the envs stepping and the policy choosing chunks; sample_other: building, scoring and
     # pairing the trajectories; write: the round's files; then the TPO update (eval and checkpoint: run_align)
     row["time"] = {**split_remainder(t1 - t0, rollout, "time/sample_other_s"), "time/write_s": t2 - t1,
