@@ -46,7 +46,7 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   separate Wilson intervals cannot resolve at the size of the differences measured.
 
 Every RL part of a seed starts from that seed's one pre-trained policy (``<out>/pretrained-s<seed>``: the
-``quickstart_ppo`` preset's demos and 700 imitation steps). Its success differs by seed (0.32 / 0.58 / 0.37 on
+``quickstart_ppo`` preset's demos and imitation steps). Its success differs by seed (0.32 / 0.58 / 0.37 on
 seeds 0-2), and from 0.58 PPO gains little on any reward, the simulator's included (docs/benchmarks.md); so
 ``--start_success R`` stops each seed's imitation at the first success check (64 episodes) that reaches R, and
 the parts then measure the reward, not PPO's ceiling. ``--tag TAG`` files a run's rows under ``<part> (TAG)``
@@ -111,9 +111,9 @@ class Start:
 
     env_id: str = "mujoco/pick-any"
     demos: int = 0
-    """Expert demos pre-trained on (0: the preset's 50)."""
+    """Expert demos pre-trained on (0: the preset's, ``vla-rl quickstart``'s ``sft.episodes``)."""
     sft_steps: int = 0
-    """Imitation steps (0: the preset's 700)."""
+    """Imitation steps (0: the preset's, ``sft.steps``)."""
     success: float = 0.0
     """> 0: stop the imitation at the first success check (64 episodes of its own seeds) that reaches this rate, so
     every seed starts near the same success instead of wherever its steps land (``--start_success``)."""
@@ -536,13 +536,22 @@ def _conditions(section: dict[str, Any]) -> str:
             f"{c.get('date', '?')}, load average {c.get('load_average_at_end', float('nan')):.1f} at the end")
 
 
+def _preset_sft() -> Any:
+    """The pre-training of the quickstart presets (``QuickstartConfig.sft``'s default: demos and steps)."""
+    from vla_rl.commands.quickstart import QuickstartConfig
+
+    return QuickstartConfig.__dataclass_fields__["sft"].default_factory()
+
+
 def _start(section: dict[str, Any]) -> str:
     """Where a section's runs start, when not the quickstart's task and pre-training: its env and recipe."""
     args, default = section.get("conditions", {}).get("args", {}), Start()
     env = args.get("env", default.env_id)
     if env == default.env_id and not args.get("demos") and not args.get("sft_steps"):
         return ""
-    recipe = f"{args.get('demos') or 50} expert demos, {args.get('sft_steps') or 700} imitation steps"
+    preset = _preset_sft()
+    demos, steps = args.get("demos") or preset.episodes, args.get("sft_steps") or preset.steps
+    recipe = f"{demos} expert demos, {steps} imitation steps"
     if args.get("start_success"):
         recipe += (f" at most (stopped at the first 64-episode check, every "
                    f"{args.get('check_every', default.check_every)} steps, that reached {args['start_success']:g})")
@@ -900,7 +909,7 @@ def main() -> None:
                         "iterations without one update)")
     p.add_argument("--start_success", type=float, default=0.0,
                    help="ppo-classifier / prm: stop each seed's imitation once a success check reaches this rate "
-                        "(0 = the preset's 700 steps), so the RL parts start near the same success on every seed")
+                        "(0 = the preset's steps), so the RL parts start near the same success on every seed")
     p.add_argument("--env", default="mujoco/pick-any",
                    help="classifier / ppo-classifier / prm: the task (an env id of the MuJoCo tabletop: its scripted "
                         "expert records the reward models' data and its stage predicates label them), e.g. "
@@ -908,7 +917,7 @@ def main() -> None:
     p.add_argument("--demos", type=int, default=0,
                    help="expert demos of the pre-trained start (0 = the quickstart_ppo preset's 50)")
     p.add_argument("--sft_steps", type=int, default=0,
-                   help="imitation steps of the pre-trained start (0 = the preset's 700; --start_success may stop "
+                   help="imitation steps of the pre-trained start (0 = the preset's; --start_success may stop "
                         "it sooner)")
     p.add_argument("--check_every", type=int, default=50,
                    help="with --start_success: imitation steps between its success checks (the first after twice as "

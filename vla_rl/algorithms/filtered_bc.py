@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import IterationInputs, LearnerConfig, Needs, SmokeLimits, register_learner
@@ -259,12 +260,12 @@ class FilteredBCLearner(SFTLearner):
         self.buffer.persist(*self._store)
         if self._buffer_state is not None:
             self.buffer.load_state_dict(self._buffer_state)
-            if self.dist.is_main:
-                print(f"success buffer: {len(self.buffer)} decisions of {self.buffer.episodes_kept} successful "
-                      f"episodes restored from {self._store[0]}")
+            if self.dist.is_main:  # above the trainer's progress bar, not inside its line
+                tqdm.write(f"success buffer: {len(self.buffer)} decisions of {self.buffer.episodes_kept} "
+                           f"successful episodes restored from {self._store[0]}")
         elif self.iteration > 0 and self.dist.is_main:
-            print("success buffer: the checkpoint names none (written before buffers were saved); it refills from "
-                  "the episodes of the resumed run")
+            tqdm.write("success buffer: the checkpoint names none (written before buffers were saved); it refills "
+                       "from the episodes of the resumed run")
         self._buffer_state = None
 
     def _saved_buffer(self) -> dict[str, Any] | None:
