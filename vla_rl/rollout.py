@@ -146,7 +146,8 @@ def _slice(obs: Obs, a: int, e: int) -> Obs:
     return {k: v[a:e] for k, v in obs.items()}
 
 
-def _cat_obs(parts: list[Obs]) -> Obs:
+def cat_obs(parts: list[Obs]) -> Obs:
+    """Observation batches one after the other (tensors concatenated, the ``task`` string lists joined)."""
     return {k: ([t for p in parts for t in p[k]] if k == TASK else torch.cat([p[k] for p in parts])) for k in parts[0]}
 
 
@@ -378,7 +379,7 @@ class RolloutEngine:
         obs_list, outs, chunks, values, valid = [], [], [], [], []
         for d in range(t):
             recs = [h[d] for h in per_half]
-            obs_list.append(_cat_obs([r[0] for r in recs]))
+            obs_list.append(cat_obs([r[0] for r in recs]))
             outs.append(_cat_out([r[1] for r in recs]))
             values.append(torch.cat([r[2] for r in recs]))
             chunks.append(_cat_chunks([r[3] for r in recs]))
