@@ -915,7 +915,7 @@ def main() -> None:
                         "expert records the reward models' data and its stage predicates label them), e.g. "
                         "mujoco/stack-any, a four-stage task; --out must be a folder of its own")
     p.add_argument("--demos", type=int, default=0,
-                   help="expert demos of the pre-trained start (0 = the quickstart_ppo preset's 50)")
+                   help="expert demos of the pre-trained start (0 = the quickstart_ppo preset's)")
     p.add_argument("--sft_steps", type=int, default=0,
                    help="imitation steps of the pre-trained start (0 = the preset's; --start_success may stop "
                         "it sooner)")

@@ -150,9 +150,16 @@ class _Run:
         self.rounds_dir = run_dir / "rounds"
         self._successes: dict[int, list[Any]] = {}  # round index -> its successful trajectories, for tpo.replay_rounds
 
+    def written(self, k: int, trajectories: list[Any]) -> None:
+        """Round ``k``'s trajectories were just saved: keep its successes for the next rounds' replay, so that
+        :meth:`replay` reads a round's file only when this process did not sample it (a resumed run)."""
+        if self.cfg.tpo.replay_rounds:
+            self._successes[k] = [t for t in trajectories if t.success]
+
     def replay(self, k: int) -> list[Any]:
-        """The successes sampled in the ``tpo.replay_rounds`` rounds before round ``k`` (0-based), read from their
-        ``trajectories.pt`` (so a resumed run replays what it would have); rounds not written are skipped."""
+        """The successes sampled in the ``tpo.replay_rounds`` rounds before round ``k`` (0-based): those this process
+        kept (:meth:`written`), else read from their ``trajectories.pt`` (so a resumed run replays what it would
+        have); rounds not written are skipped."""
         from vla_rl.align_report import load_trajectories
 
         window = range(max(0, k - self.cfg.tpo.replay_rounds), k)
@@ -363,6 +370,7 @@ def _one_round(run: _Run, k: int, engine: RolloutEngine, learner: TPOLearner, co
     out = run.rounds_dir / f"round_{k:03d}"
     out.mkdir(parents=True, exist_ok=True)
     save_trajectories(out / "trajectories.pt", data.trajectories)
+    run.written(k, data.trajectories)
     write_pairs_table(out / "pairs.parquet", data.pairs, costs)
     if cfg.save_dataset:
         fps = engine.env.spec.control_freq / engine.exec_steps
