@@ -75,6 +75,11 @@ class TPOConfig(LearnerConfig):
     """Earlier rounds' successes per step with ``replay_rounds``."""
     lr: float = 1e-5
     """Learning rate of the policy parameters (AdamW)."""
+    bc_lr: float = 0.0
+    """With ``chosen_bc`` or ``demo_bc``: their imitation loss gets its own AdamW at this rate, stepped after each
+    preference step on the same parameters, instead of joining the preference loss at ``lr``. Adam's step size
+    does not grow with a loss weight, so a weight cannot give the imitation ``filtered_bc``'s rate (1e-3) while the
+    preference loss keeps its small one. 0 keeps one optimizer and one loss."""
     epochs: int = 4
     """Passes over a round's pairs."""
     pairs_per_step: int = 4
@@ -94,6 +99,11 @@ class TPOConfig(LearnerConfig):
                 raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"algo.lr must be > 0, got {self.lr}")
+        if self.bc_lr < 0:
+            raise ValueError(f"algo.bc_lr must be >= 0, got {self.bc_lr}")
+        if self.bc_lr and self.chosen_bc == 0 and self.demo_bc == 0:
+            raise ValueError(f"algo.bc_lr={self.bc_lr} is the rate of the imitation terms: set algo.chosen_bc or "
+                             "algo.demo_bc > 0")
         for name in ("chosen_penalty", "chosen_nll", "chosen_bc", "demo_bc"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
@@ -126,6 +136,8 @@ class TPOLearner(Learner):
         if cfg.demo_bc > 0 and not cfg.demos:
             raise ConfigError("algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos")
         self.optimizer = torch.optim.AdamW(policy.actor_parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.bc_optimizer = (torch.optim.AdamW(policy.actor_parameters(), lr=cfg.bc_lr, weight_decay=0.0)
+                             if cfg.bc_lr > 0 else None)
         self._gen = torch.Generator().manual_seed(cfg.seed)
         self._demo_gen = torch.Generator().manual_seed(cfg.seed + 1)  # demo rows; the pair order stays as without
         self._replay_gen = torch.Generator().manual_seed(cfg.seed + 2)  # replayed successes, likewise
@@ -207,20 +219,14 @@ class TPOLearner(Learner):
                         nll = -per_decision.mean()
                         loss = loss + self.cfg.chosen_nll * nll
                         stats["chosen_nll"] = nll.detach()
-                if self.cfg.chosen_bc > 0:
-                    bc = self._chosen_bc([p.chosen for p in pairs] + self._replayed(replay or []))
-                    if bc is not None:
-                        loss = loss + self.cfg.chosen_bc * bc
-                        stats["chosen_bc"] = bc.detach()
-                if self.cfg.demo_bc > 0:
-                    demo = self._demo_rows().sample(self.cfg.demo_batch, self._demo_gen)
-                    bc = self.policy.sft_loss(demo.obs, demo.actions, demo.mask)
-                    loss = loss + self.cfg.demo_bc * bc
-                    stats["demo_bc"] = bc.detach()
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
-                self.optimizer.step()
+                if self.bc_optimizer is None:
+                    imitation = self._imitation(pairs, replay, stats)
+                    self._step(self.optimizer, loss if imitation is None else loss + imitation, params)
+                else:  # the preference step at lr, then the imitation step at bc_lr on the updated weights
+                    self._step(self.optimizer, loss, params)
+                    imitation = self._imitation(pairs, replay, stats)
+                    if imitation is not None:
+                        self._step(self.bc_optimizer, imitation, params)
                 for k, v in stats.items():
                     last.setdefault(k, []).append(float(v))
         self.policy.train(was_training)
@@ -229,6 +235,33 @@ class TPOLearner(Learner):
         if replay and self.cfg.chosen_bc > 0:
             out["replay_pool"] = float(len(replay))
         return out
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        bc = getattr(self, "bc_optimizer", None)  # None before __init__ made it
+        return [self.optimizer] if bc is None else [self.optimizer, bc]
+
+    def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, params: list[torch.Tensor]) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        optimizer.step()
+
+    def _imitation(self, pairs: list[PreferencePair], replay: list[Trajectory] | None,
+                   stats: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """``chosen_bc`` and ``demo_bc``'s weighted sum for one step (their values into ``stats``); None with
+        neither term."""
+        total: torch.Tensor | None = None
+        if self.cfg.chosen_bc > 0:
+            bc = self._chosen_bc([p.chosen for p in pairs] + self._replayed(replay or []))
+            if bc is not None:
+                total = self.cfg.chosen_bc * bc
+                stats["chosen_bc"] = bc.detach()
+        if self.cfg.demo_bc > 0:
+            demo = self._demo_rows().sample(self.cfg.demo_batch, self._demo_gen)
+            bc = self.policy.sft_loss(demo.obs, demo.actions, demo.mask)
+            total = self.cfg.demo_bc * bc if total is None else total + self.cfg.demo_bc * bc
+            stats["demo_bc"] = bc.detach()
+        return total
 
     def _demo_rows(self) -> ChunkDataset:
         """``cfg.demos`` as chunks of the policy's inputs, read once."""
