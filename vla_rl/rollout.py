@@ -46,6 +46,7 @@ from rewards import RewardConfig, RewardFunction
 from sim.chunk import first_episode_steps
 from sim.core import TASK, Obs, VecEnv
 from sim.tasks import TASK_INDEX
+from vla_rl.data.chunks import cat_obs
 from vla_rl.timing import StageTimes
 
 
@@ -144,11 +145,6 @@ def _rows(obs: Obs, idx: list[int]) -> Obs:
 
 def _slice(obs: Obs, a: int, e: int) -> Obs:
     return {k: v[a:e] for k, v in obs.items()}
-
-
-def cat_obs(parts: list[Obs]) -> Obs:
-    """Observation batches one after the other (tensors concatenated, the ``task`` string lists joined)."""
-    return {k: ([t for p in parts for t in p[k]] if k == TASK else torch.cat([p[k] for p in parts])) for k in parts[0]}
 
 
 def _cat_out(parts: list[ActOutput]) -> ActOutput:

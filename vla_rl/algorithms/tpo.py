@@ -26,9 +26,8 @@ from policies.base import Policy
 from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
 from vla_rl.algorithms.losses import tpo_loss
 from vla_rl.config import ConfigError
-from vla_rl.data.chunks import ChunkDataset
+from vla_rl.data.chunks import ChunkDataset, cat_obs
 from vla_rl.data.preferences import PreferencePair, Trajectory, trajectory_logp
-from vla_rl.rollout import cat_obs
 
 
 @dataclass

@@ -18,6 +18,12 @@ from torch import Tensor
 from vla_core.keys import OBS_STATE, TASK
 
 
+def cat_obs(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Observation batches one after the other (tensors concatenated, the ``task`` string lists joined); the keys
+    are the first part's."""
+    return {k: ([t for p in parts for t in p[k]] if k == TASK else torch.cat([p[k] for p in parts])) for k in parts[0]}
+
+
 @dataclass
 class ChunkBatch:
     """A minibatch of ``B`` chunk rows (:meth:`ChunkDataset.batch`); absent fields are None."""

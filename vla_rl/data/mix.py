@@ -8,8 +8,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from vla_core.keys import TASK
-from vla_rl.data.chunks import ChunkBatch
+from vla_rl.data.chunks import ChunkBatch, cat_obs
 
 
 class ChunkSource(Protocol):
@@ -58,8 +57,7 @@ def concat_batches(parts: Sequence[ChunkBatch]) -> ChunkBatch:
         if list(p.obs) != keys or tuple(p.actions.shape[1:]) != shape:
             raise ValueError(f"cannot mix sources with observation keys {keys} and chunks {list(shape)} with one "
                              f"with keys {list(p.obs)} and chunks {list(p.actions.shape[1:])}")
-    obs = {k: (sum((list(p.obs[k]) for p in parts), []) if k == TASK else torch.cat([p.obs[k] for p in parts]))
-           for k in keys}
+    obs = cat_obs([p.obs for p in parts])
 
     def cat(name: str, fill: bool) -> Tensor | None:
         vals = [getattr(p, name) for p in parts]
