@@ -266,6 +266,25 @@ class AutoregressiveVLAPolicy(Policy):
         )
         return self._to_level(scored.logp), self._to_level(scored.entropy), self._critic(scored.prompt_hidden)
 
+    def sft_loss(self, obs: dict[str, Any], actions: Tensor, action_mask: Tensor | None = None) -> Tensor:
+        """OpenVLA's fine-tuning loss: the cross-entropy of the action tokens of ``actions [B, H, A]`` (normalized,
+        binned as :meth:`action_tokens` does), teacher-forced after the prompt, at temperature 1 and over the
+        vocabulary :meth:`act` samples from (the action bins with ``restrict_to_action_bins``); the mean over the
+        tokens of the steps ``action_mask [B, H]`` marks real.
+
+        Raises:
+            ValueError: naming the expected action shape; ObservationError for a bad observation.
+        """
+        prompts, pixels = self.encode_observation(obs)
+        tokens = self.action_tokens(actions.to(self.device))
+        scored = score(self.backbone, prompts, pixels, tokens, self.action_tokenizer.first_id,
+                       self.action_tokenizer.num_bins, 1.0, self.config.restrict_to_action_bins)
+        nll = -scored.logp.reshape(-1, self.config.chunk_size, self.config.action_dim)
+        if action_mask is None:
+            return nll.mean()
+        weight = action_mask.to(nll).unsqueeze(-1).expand_as(nll)
+        return (nll * weight).sum() / weight.sum().clamp(min=1.0)
+
     def value(self, obs: dict[str, Any]) -> Tensor:
         """Critic estimate ``float32 [B]`` from one prompt pass (no decoding)."""
         prompts, pixels = self.encode_observation(obs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from policies.base import ActMode
+from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Needs
 from vla_rl.algorithms.tpo import TPOConfig, TPOLearner
 from vla_rl.data.preferences import PreferencePair, Trajectory, trajectory_logp
@@ -111,7 +111,14 @@ def test_chosen_nll_raises_the_chosen_trajectorys_likelihood():
         TPOConfig(chosen_nll=-1.0)
 
 
-@pytest.mark.parametrize("kind", ["compact-flow", "pi0"])
+def _without_sft_loss() -> Policy:
+    """The compact flow policy with the base class's missing supervised loss: a policy that cannot imitate."""
+    policy = build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True)
+    policy.__class__ = type("NoSFT", (type(policy),), {"sft_loss": Policy.sft_loss})
+    return policy
+
+
+@pytest.mark.parametrize("kind", ["compact-flow", "pi0", "openvla-style"])
 def test_chosen_bc_imitates_the_chosen_successs_actions(kind: str):
     """``chosen_bc`` adds the policy's own supervised loss on the chosen success's executed chunks: after the update
     the deterministic policy's actions on its observations are nearer to them than after pure TPO, and the loss is
@@ -133,9 +140,8 @@ def test_chosen_bc_imitates_the_chosen_successs_actions(kind: str):
     assert "chosen_bc" not in run(10.0, chosen_id=2)[1]
     with pytest.raises(ValueError, match="algo.chosen_bc"):
         TPOConfig(chosen_bc=-1.0)
-    token_policy = build_policy_from_fields("openvla-style", {}, DERIVED, smoke=True)
-    with pytest.raises(ValueError, match="algo.chosen_bc needs a policy with a supervised loss; AutoregressiveVLA"):
-        TPOLearner(TPOConfig(chosen_bc=1.0), token_policy)
+    with pytest.raises(ValueError, match=r"algo.chosen_bc needs a policy with a supervised loss; NoSFT has none \(set"):
+        TPOLearner(TPOConfig(chosen_bc=1.0), _without_sft_loss())
 
 
 def _after_update(chosen_id: int, **cfg) -> tuple[float, float, dict]:
@@ -233,9 +239,8 @@ def test_demo_bc_imitates_the_demos_beside_the_preference(tmp_path):
         TPOConfig(demos="d")
     with pytest.raises(ValueError, match="algo.demo_batch must be >= 1"):
         TPOConfig(demos="d", demo_bc=1.0, demo_batch=0)
-    token_policy = build_policy_from_fields("openvla-style", {}, DERIVED, smoke=True)
-    with pytest.raises(ValueError, match="algo.demo_bc needs a policy with a supervised loss; AutoregressiveVLA"):
-        TPOLearner(TPOConfig(demos="d", demo_bc=1.0), token_policy)
+    with pytest.raises(ValueError, match="algo.demo_bc needs a policy with a supervised loss; NoSFT"):
+        TPOLearner(TPOConfig(demos="d", demo_bc=1.0), _without_sft_loss())
 
 
 def test_tpo_refuses_several_processes_and_names_the_way_out():

@@ -318,3 +318,29 @@ def test_errors_name_expected_keys_and_shapes(policy: AutoregressiveVLAPolicy) -
     with pytest.raises(ValueError, match="not action tokens"):
         policy.evaluate(obs, dict(out.extras, action_tokens=torch.zeros(2, H * A, dtype=torch.long)))
     assert dataclasses.is_dataclass(policy.config)
+
+
+def test_sft_loss_is_the_action_tokens_cross_entropy_and_teaches_greedy_decoding() -> None:
+    """``sft_loss`` (OpenVLA's fine-tuning loss) is the mean negative log-prob, at temperature 1, of the tokens of the
+    given actions, as :meth:`evaluate` scores them; masked steps do not count; a few Adam steps on it make greedy
+    decoding play the demonstrated chunks (to the bin)."""
+    pol = make_policy(temperature=1.4, logp_level=LogProbLevel.TOKEN)
+    obs = make_obs(2, seed=3)
+    demo = torch.rand(2, H, A) * 1.6 - 0.8
+    tokens = pol.action_tokens(demo)
+    extras = {**pol.act(obs).extras, ACTION_TOKENS: tokens}
+    scored = make_policy(temperature=1.0, logp_level=LogProbLevel.TOKEN)
+    scored.load_state_dict(pol.state_dict())
+    per_token = scored.evaluate(obs, extras)[0].reshape(2, H, A)
+    torch.testing.assert_close(pol.sft_loss(obs, demo), -per_token.mean(), atol=1e-4, rtol=1e-4)
+    mask = torch.tensor([[True, False], [True, True]])
+    torch.testing.assert_close(pol.sft_loss(obs, demo, mask), -per_token[mask].mean(), atol=1e-4, rtol=1e-4)
+    assert not torch.equal(pol.act(obs, ActMode.EVAL).extras[ACTION_TOKENS], tokens)
+    opt = torch.optim.Adam(pol.parameters(), lr=3e-3)
+    for _ in range(40):
+        opt.zero_grad()
+        pol.sft_loss(obs, demo).backward()
+        opt.step()
+    assert torch.equal(pol.act(obs, ActMode.EVAL).extras[ACTION_TOKENS], tokens)
+    with pytest.raises(ValueError, match=r"\[B, 2, 3\]"):
+        pol.sft_loss(obs, demo[:, :1])

@@ -53,8 +53,8 @@ class TPOConfig(LearnerConfig):
     """Adds this times the policy's own supervised loss (``sft_loss``, flow matching) on the executed action chunks
     of the chosen trajectories that succeeded. ``chosen_nll`` pulls up a flow policy's recorded denoising chain,
     exploration noise included; this imitates the actions the chain produced, as pre-training and ``filtered_bc``
-    do. A policy without a supervised loss (the autoregressive one, whose ``chosen_nll`` is already its token NLL)
-    is refused. 0 is GRAPE's loss."""
+    do; for the autoregressive policy it is the cross-entropy of the executed action tokens at temperature 1
+    (OpenVLA's fine-tuning loss). A policy without a supervised loss is refused. 0 is GRAPE's loss."""
     demos: str = ""
     """Demo LeRobotDataset for ``demo_bc``; ``vla-rl align`` defaults it to the demos its ``--policy.path`` was
     pre-trained on (``sft.json``'s ``dataset``, written by ``vla-rl sft`` and the quickstart)."""
@@ -131,7 +131,7 @@ class TPOLearner(Learner):
         for name in ("chosen_bc", "demo_bc"):
             if getattr(cfg, name) > 0 and type(policy).sft_loss is Policy.sft_loss:
                 raise ConfigError(f"algo.{name} needs a policy with a supervised loss; {type(policy).__name__} has "
-                                 "none (for token policies algo.chosen_nll is the same imitation)")
+                                 f"none (set algo.{name} 0)")
         if cfg.demo_bc > 0 and not cfg.demos:
             raise ConfigError("algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos")
         self.optimizer = torch.optim.AdamW(policy.actor_parameters(), lr=cfg.lr, weight_decay=0.0)
