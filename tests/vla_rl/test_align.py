@@ -197,8 +197,10 @@ def test_align_toy_run_on_libero_with_tiny_pi0(tmp_path: Path):
 
 @pytest.mark.slow
 def test_align_toy_run_with_the_autoregressive_policy(tmp_path: Path):
+    # the preset's imitation of the chosen successes runs on the token policy's cross-entropy; a fresh policy has
+    # no pre-training demos to mix in
     _backend_toy(tmp_path, "ar", "--preset", "align_task", "--policy.type", "openvla-style", "--env.image_size", "32",
-                 "--env.max_episode_steps", "8", "--save_dataset", "false")
+                 "--env.max_episode_steps", "8", "--save_dataset", "false", "--tpo.demo_bc", "0")
 
 
 def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_episode(tmp_path: Path):
@@ -231,7 +233,8 @@ def test_demo_bc_defaults_to_the_demos_the_policy_was_pretrained_on(tmp_path: Pa
     named = AlignConfig(policy=path, tpo=TPOConfig(demo_bc=10.0, demos="/mine"))
     assert _with_pretraining_demos(named).tpo.demos == "/mine"
     (policy / "sft.json").write_text(json.dumps({"sft/steps": 700}))
-    with pytest.raises(ConfigError, match=f"name their LeRobotDataset with --tpo.demos \\({policy}/sft.json names no"):
+    with pytest.raises(ConfigError, match=f"name their LeRobotDataset with --tpo.demos, or leave the demo mix out "
+                                          f"with --tpo.demo_bc 0 \\({policy}/sft.json names no"):
         _with_pretraining_demos(AlignConfig(policy=path, tpo=TPOConfig(demo_bc=10.0)))
     with pytest.raises(SystemExit) as exc:
         run(["align", *TOY, "--tpo.demo_bc", "10", "--run_dir", str(tmp_path / "r")])

@@ -248,7 +248,8 @@ def _with_pretraining_demos(cfg: AlignConfig) -> AlignConfig:
     if not dataset:
         where = (f"{Path(cfg.policy.path) / SFT_RECORD} names no 'dataset'" if cfg.policy.path
                  else "a fresh policy has no pre-training data")
-        raise ConfigError(f"tpo.demo_bc imitates demos: name their LeRobotDataset with --tpo.demos ({where})")
+        raise ConfigError(f"tpo.demo_bc imitates demos: name their LeRobotDataset with --tpo.demos, or leave the "
+                          f"demo mix out with --tpo.demo_bc 0 ({where})")
     print(f"tpo.demos: the demos {cfg.policy.path} was pre-trained on, {dataset}")
     return dataclasses.replace(cfg, tpo=dataclasses.replace(tpo, demos=dataset))
 
