@@ -236,8 +236,7 @@ class TPOLearner(Learner):
         return out
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        bc = getattr(self, "bc_optimizer", None)  # None before __init__ made it
-        return [self.optimizer] if bc is None else [self.optimizer, bc]
+        return [self.optimizer] if self.bc_optimizer is None else [self.optimizer, self.bc_optimizer]
 
     def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, params: list[torch.Tensor]) -> None:
         optimizer.zero_grad(set_to_none=True)
