@@ -319,3 +319,32 @@ def test_bc_lr_steps_the_imitation_at_its_own_rate_and_resumes_both_optimizers()
         TPOConfig(bc_lr=1e-3)
     with pytest.raises(ValueError, match="algo.bc_lr must be >= 0"):
         TPOConfig(bc_lr=-1.0, chosen_bc=1.0)
+
+
+def test_preference_false_trains_the_imitation_terms_alone():
+    """The ablation ``preference`` false: the update no longer depends on the rejected trajectory (with the
+    preference loss it does) and the chosen success is still imitated (chain NLL and action BC). Config errors say
+    what the ablation drops."""
+    def run(rejected_seed: int, **cfg) -> tuple[list[torch.Tensor], dict]:
+        torch.manual_seed(0)
+        policy = build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True)
+        chosen, rejected = _trajectory(policy, 0, seed=1, t=3), _trajectory(policy, 1, seed=rejected_seed, t=3)
+        learner = TPOLearner(TPOConfig(lr=3e-3, epochs=3, beta=1.0, chosen_nll=1.0, chosen_bc=1.0, **cfg), policy)
+        stats = learner.update([PreferencePair(0, chosen, rejected)])
+        return [p.detach().clone() for p in policy.actor_parameters()], stats
+
+    def gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+        return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+    (a, stats), (b, _) = run(2, preference=False), run(3, preference=False)
+    assert gap(a, b) == 0.0 and "tpo_loss" not in stats and {"chosen_nll", "chosen_bc"} <= stats.keys()
+    torch.manual_seed(0)
+    start = [p.detach().clone() for p in build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True)
+             .actor_parameters()]
+    assert gap(a, start) > 1e-3  # the imitation terms moved the weights
+    (c, with_pref), (d, _) = run(2), run(3)
+    assert gap(c, d) > 1e-4 and "tpo_loss" in with_pref
+    with pytest.raises(ValueError, match="algo.preference false leaves nothing to train"):
+        TPOConfig(preference=False)
+    with pytest.raises(ValueError, match="algo.chosen_penalty=0.5 is part of the preference loss"):
+        TPOConfig(preference=False, chosen_bc=1.0, chosen_penalty=0.5)

@@ -34,6 +34,10 @@ from vla_rl.data.preferences import PreferencePair, Trajectory, trajectory_logp
 class TPOConfig(LearnerConfig):
     """GRAPE's trajectory-wise preference optimization (ALGORITHMS.md, GRAPE)."""
 
+    preference: bool = True
+    """The preference loss (:func:`tpo_loss`). False is an ablation: the rejected trajectories go unused and only
+    the other terms (``chosen_nll``, ``chosen_bc``, ``demo_bc``) train, on the same pairs' chosen trajectories in
+    the same steps, which asks what ranking successes above failures adds to imitating the successes."""
     beta: float = 0.1
     """Inverse temperature of the preference loss (GRAPE: 0.1)."""
     chosen_penalty: float = 0.0
@@ -106,6 +110,13 @@ class TPOConfig(LearnerConfig):
         for name in ("chosen_penalty", "chosen_nll", "chosen_bc", "demo_bc"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.preference:
+            if self.chosen_penalty:
+                raise ValueError(f"algo.chosen_penalty={self.chosen_penalty} is part of the preference loss, which "
+                                 "algo.preference false drops")
+            if self.chosen_nll == 0 and self.chosen_bc == 0 and self.demo_bc == 0:
+                raise ValueError("algo.preference false leaves nothing to train: set algo.chosen_nll, "
+                                 "algo.chosen_bc or algo.demo_bc > 0")
         if self.demos and self.demo_bc == 0:
             raise ValueError(f"algo.demos={self.demos!r} is read only with algo.demo_bc > 0 (got 0)")
         if self.replay_rounds < 0:
@@ -196,7 +207,7 @@ class TPOLearner(Learner):
             return {"pairs": 0.0}
         was_training = self.policy.training
         self.policy.eval()  # deterministic re-scoring: the reference and the policy see the same network
-        ref = self.reference_logps(batch)
+        ref = self.reference_logps(batch) if self.cfg.preference else {}
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         last: dict[str, list[float]] = {}
         for _ in range(self.cfg.epochs):
@@ -204,25 +215,15 @@ class TPOLearner(Learner):
             order = torch.randperm(len(batch), generator=self._gen).tolist()
             for a in range(0, len(order), self.cfg.pairs_per_step):
                 pairs = [batch[i] for i in order[a : a + self.cfg.pairs_per_step]]
-                lc = torch.stack([trajectory_logp(self.policy, p.chosen) for p in pairs])
-                lr = torch.stack([trajectory_logp(self.policy, p.rejected) for p in pairs])
-                rc = torch.stack([ref[id(p.chosen)] for p in pairs]).to(lc)
-                rr = torch.stack([ref[id(p.rejected)] for p in pairs]).to(lr)
-                loss, stats = tpo_loss(lc, lr, rc, rr, self.cfg.beta, self.cfg.chosen_penalty)
-                if self.cfg.chosen_nll > 0:
-                    decisions = torch.tensor([float(len(p.chosen.actions)) for p in pairs]).to(lc)
-                    per_decision = lc / decisions
-                    if self.cfg.nll_successes_only:
-                        per_decision = per_decision[torch.tensor([p.chosen.success for p in pairs])]
-                    if per_decision.numel():
-                        nll = -per_decision.mean()
-                        loss = loss + self.cfg.chosen_nll * nll
-                        stats["chosen_nll"] = nll.detach()
+                loss, stats = self._preference(pairs, ref)
                 if self.bc_optimizer is None:
                     imitation = self._imitation(pairs, replay, stats)
-                    self._step(self.optimizer, loss if imitation is None else loss + imitation, params)
+                    both = imitation if loss is None else loss if imitation is None else loss + imitation
+                    if both is not None:
+                        self._step(self.optimizer, both, params)
                 else:  # the preference step at lr, then the imitation step at bc_lr on the updated weights
-                    self._step(self.optimizer, loss, params)
+                    if loss is not None:
+                        self._step(self.optimizer, loss, params)
                     imitation = self._imitation(pairs, replay, stats)
                     if imitation is not None:
                         self._step(self.bc_optimizer, imitation, params)
@@ -243,6 +244,31 @@ class TPOLearner(Learner):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         optimizer.step()
+
+    def _preference(self, pairs: list[PreferencePair], ref: dict[int, torch.Tensor]
+                    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """``tpo_loss`` (without ``preference``, none) plus ``chosen_nll`` for one step, and their statistics; None
+        when neither applies to these pairs."""
+        loss: torch.Tensor | None = None
+        stats: dict[str, torch.Tensor] = {}
+        if not self.cfg.preference and self.cfg.chosen_nll == 0:
+            return loss, stats
+        lc = torch.stack([trajectory_logp(self.policy, p.chosen) for p in pairs])
+        if self.cfg.preference:
+            lr = torch.stack([trajectory_logp(self.policy, p.rejected) for p in pairs])
+            rc = torch.stack([ref[id(p.chosen)] for p in pairs]).to(lc)
+            rr = torch.stack([ref[id(p.rejected)] for p in pairs]).to(lr)
+            loss, stats = tpo_loss(lc, lr, rc, rr, self.cfg.beta, self.cfg.chosen_penalty)
+        if self.cfg.chosen_nll > 0:
+            decisions = torch.tensor([float(len(p.chosen.actions)) for p in pairs]).to(lc)
+            per_decision = lc / decisions
+            if self.cfg.nll_successes_only:
+                per_decision = per_decision[torch.tensor([p.chosen.success for p in pairs])]
+            if per_decision.numel():
+                nll = -per_decision.mean()
+                loss = self.cfg.chosen_nll * nll if loss is None else loss + self.cfg.chosen_nll * nll
+                stats["chosen_nll"] = nll.detach()
+        return loss, stats
 
     def _imitation(self, pairs: list[PreferencePair], replay: list[Trajectory] | None,
                    stats: dict[str, torch.Tensor]) -> torch.Tensor | None:
