@@ -202,7 +202,8 @@ def table(rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]]) -> st
         cr = (f"{r['collision_rate_before']:.3f} -> {r['collision_rate_after']:.3f}"
               if r["collision_rate_before"] is not None else "-")
         st = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        lines.append(f"| {r['seed']} | {r['objective']} | {r['success_before']:.2f} [{ci(r['success_before_ci'])}] | "
+        objective = r["objective"] + (f" ({r['recipe']})" if r.get("recipe") else "")  # an earlier preset's row
+        lines.append(f"| {r['seed']} | {objective} | {r['success_before']:.2f} [{ci(r['success_before_ci'])}] | "
                      f"{r['success_after']:.2f} [{ci(r['success_after_ci'])}] | {cr} | "
                      f"{st(r['mean_steps_success_before'])} -> {st(r['mean_steps_success_after'])} | {r['env_steps']} | "
                      f"{r['wall_seconds']:.0f} | {'met' if r['target_met'] else 'not met'} | {r['measured']} |")

@@ -307,3 +307,18 @@ def test_align_toy_run_with_replay_trains_and_resumes_like_an_uninterrupted_run(
     run(["align", *args, "--run_dir", str(tmp_path / "cut"), "--resume", "true"])
     a, b = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_round_line_shows_the_losses_the_update_had(capsys):
+    """A preference update prints its TPO loss and accuracy; one with ``--tpo.preference false`` (the ablation) its
+    imitation losses only, not a NaN TPO loss; a round without pairs neither."""
+    from vla_rl.commands.align import _print_round
+
+    base = {"round": 3, "trajectories": 10, "successes": 4, "pairs": 2, "eval": None}
+    _print_round({**base, "update": {"tpo_loss": 0.5, "accuracy": 0.75, "chosen_bc": 0.25, "pairs": 2.0}})
+    _print_round({**base, "update": {"chosen_nll": 1.5, "chosen_bc": 0.25, "demo_bc": 0.125, "pairs": 2.0}})
+    _print_round({**base, "pairs": 0, "update": {"pairs": 0.0}})
+    pref, ablation, empty = capsys.readouterr().out.strip().splitlines()
+    assert "tpo loss 0.5000, accuracy 0.75, chosen_bc 0.2500" in pref
+    assert "tpo loss" not in ablation and "chosen_nll 1.5000, chosen_bc 0.2500, demo_bc 0.1250" in ablation
+    assert empty.endswith("(4 successes), 0 pairs;")

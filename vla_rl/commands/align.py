@@ -441,8 +441,10 @@ def _print_round(row: dict[str, Any]) -> None:
     colliding = f", {row['colliding']} colliding" if "colliding" in row else ""
     line = (f"round {row['round']}: {row['trajectories']} trajectories ({row['successes']} successes{colliding}), "
             f"{row['pairs']} pairs")
-    if row["update"]:
-        line += f", tpo loss {row['update'].get('tpo_loss', float('nan')):.4f}, accuracy {row['update'].get('accuracy', 0):.2f}"
+    update = row["update"] or {}
+    if "tpo_loss" in update:  # absent without pairs and with --tpo.preference false
+        line += f", tpo loss {update['tpo_loss']:.4f}, accuracy {update.get('accuracy', 0):.2f}"
+    line += "".join(f", {k} {update[k]:.4f}" for k in ("chosen_nll", "chosen_bc", "demo_bc") if k in update)
     if row["eval"] is not None:
         ev = row["eval"]
         line += f"; eval success {ev['success']:.2f} ({ev['success_ci'][0]:.2f}-{ev['success_ci'][1]:.2f})"
