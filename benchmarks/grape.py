@@ -13,7 +13,8 @@ Every command runs in its own process, in run folders under ``--runs``:
    evaluated before and after on ``--episodes`` held-out episodes (95% Wilson intervals);
 3. with ``--ppo true``, after each seed's ``task`` run, PPO from the same policy with the quickstart's settings
    for as many env steps as that alignment took (``vla-rl quickstart --preset quickstart_ppo --resume true
-   --iterations K`` in a folder holding a copy of the policy).
+   --iterations K`` in a folder holding a copy of the policy), its final policy then also evaluated on the task
+   alignment's held-out episodes (the quickstart's own evaluation plays others).
 
 Align arguments after ``--`` go to every ``vla-rl align`` run, ``{seed}`` replaced by the run's seed. With
 ``--tpo.demo_bc W`` and no ``--tpo.demos``, each run imitates its own seed's pre-training demos (the quickstart's demo
@@ -149,9 +150,25 @@ def ppo(seed: int, policy: Path, base: Path, env_steps: int, episodes: int, extr
                      "--run_dir", str(run_dir), "--demo_cache", str(base / "demos"), "--resume", "true",
                      "--logging.wandb", "false", *extra))
     rep = json.loads((run_dir / "report.json").read_text())
+    final = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "policy"
     return {"success_before": rep["success_before"], "success_after": rep["success_after"],
             "success_before_ci": rep["success_before_ci"], "success_after_ci": rep["success_after_ci"],
-            "env_steps": rep["env_steps"], "iterations": iters, "wall": wall}
+            "env_steps": rep["env_steps"], "iterations": iters, "wall": wall,
+            "after_on_task_episodes": on_task_episodes(base, final, episodes)}
+
+
+def on_task_episodes(base: Path, policy: Path, episodes: int) -> dict[str, Any]:
+    """``policy`` on the held-out episodes of ``base``'s task alignment (its run's config: env, seeds, costs), so
+    PPO's result compares with the task row's before / after episode for episode; the quickstart's own evaluation
+    plays other episodes."""
+    from vla_rl.cli import parse_config
+    from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
+
+    ckpts = base / "align-task" / "checkpoints"
+    config = ckpts / (ckpts / "latest").read_text().strip() / "config.json"
+    ev = evaluate_policy_folder(parse_config(AlignConfig, ["--config_path", str(config), "--policy.path", str(policy)]),
+                                episodes)
+    return {"success": ev["success"], "success_ci": ev["success_ci"], "episodes": ev["episodes"], "policy": str(policy)}
 
 
 def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
@@ -207,10 +224,14 @@ def table(rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]]) -> st
                      f"{r['success_after']:.2f} [{ci(r['success_after_ci'])}] | {cr} | "
                      f"{st(r['mean_steps_success_before'])} -> {st(r['mean_steps_success_after'])} | {r['env_steps']} | "
                      f"{r['wall_seconds']:.0f} | {'met' if r['target_met'] else 'not met'} | {r['measured']} |")
+    def on_task(p: dict[str, Any]) -> str:
+        a = p.get("after_on_task_episodes")
+        return f"; after on the task row's held-out episodes {a['success']:.2f} [{ci(a['success_ci'])}]" if a else ""
+
     for seed, p in ppo_rows.items():
         lines.append(f"| {seed} | PPO (same env steps as task) | {p['success_before']:.2f} [{ci(p['success_before_ci'])}] | "
                      f"{p['success_after']:.2f} [{ci(p['success_after_ci'])}] | - | - | {p['env_steps']} | "
-                     f"{p['wall']:.0f} | - | {p['iterations']} PPO iterations |")
+                     f"{p['wall']:.0f} | - | {p['iterations']} PPO iterations{on_task(p)} |")
     return "\n".join(lines)
 
 

@@ -204,11 +204,13 @@ def test_align_toy_run_with_the_autoregressive_policy(tmp_path: Path):
 
 
 def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_episode(tmp_path: Path):
-    """``evaluate_policy_folder`` (``benchmarks/grape.py --rescore``) plays the run's held-out episodes again."""
+    """``evaluate_policy_folder`` (``benchmarks/grape.py --rescore``, and its PPO row's ``on_task_episodes``) plays
+    the run's held-out episodes again."""
+    from tests.benchmarks import load_benchmark
     from vla_rl.cli import parse_config
     from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
 
-    out = tmp_path / "run"
+    out = tmp_path / "align-task"  # where benchmarks/grape.py keeps a seed's task run
     run(["align", "--preset", "align_efficiency", *TOY, "--rounds", "1", "--run_dir", str(out)])
     report = json.loads((out / "report.json").read_text())
     last = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
@@ -216,6 +218,8 @@ def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_
     again = evaluate_policy_folder(cfg)
     assert again["per_episode"] == report["after"]["per_episode"] and again["success"] == report["after"]["success"]
     assert len(again["per_episode"]["seed"]) == 4 == len(set(again["per_episode"]["seed"]))
+    other = load_benchmark("grape").on_task_episodes(tmp_path, last / "policy", 4)  # e.g. PPO's final policy
+    assert (other["success"], other["episodes"]) == (report["after"]["success"], 4)
 
 
 def test_demo_bc_defaults_to_the_demos_the_policy_was_pretrained_on(tmp_path: Path, capsys):
