@@ -150,7 +150,9 @@ def ppo(seed: int, policy: Path, base: Path, env_steps: int, episodes: int, extr
                      "--run_dir", str(run_dir), "--demo_cache", str(base / "demos"), "--resume", "true",
                      "--logging.wandb", "false", *extra))
     rep = json.loads((run_dir / "report.json").read_text())
-    final = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "policy"
+    from vla_rl.checkpoint import latest_checkpoint
+
+    final = latest_checkpoint(run_dir / "checkpoints") / "policy"
     return {"success_before": rep["success_before"], "success_after": rep["success_after"],
             "success_before_ci": rep["success_before_ci"], "success_after_ci": rep["success_after_ci"],
             "env_steps": rep["env_steps"], "iterations": iters, "wall": wall,
@@ -164,8 +166,9 @@ def on_task_episodes(base: Path, policy: Path, episodes: int) -> dict[str, Any]:
     from vla_rl.cli import parse_config
     from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
 
-    ckpts = base / "align-task" / "checkpoints"
-    config = ckpts / (ckpts / "latest").read_text().strip() / "config.json"
+    from vla_rl.checkpoint import latest_checkpoint
+
+    config = latest_checkpoint(base / "align-task" / "checkpoints") / "config.json"
     ev = evaluate_policy_folder(parse_config(AlignConfig, ["--config_path", str(config), "--policy.path", str(policy)]),
                                 episodes)
     return {"success": ev["success"], "success_ci": ev["success_ci"], "episodes": ev["episodes"], "policy": str(policy)}
