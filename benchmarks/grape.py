@@ -150,27 +150,38 @@ def ppo(seed: int, policy: Path, base: Path, env_steps: int, episodes: int, extr
                      "--run_dir", str(run_dir), "--demo_cache", str(base / "demos"), "--resume", "true",
                      "--logging.wandb", "false", *extra))
     rep = json.loads((run_dir / "report.json").read_text())
-    from vla_rl.checkpoint import latest_checkpoint
-
-    final = latest_checkpoint(run_dir / "checkpoints") / "policy"
+    final = last_checkpoint(run_dir) / "policy"
     return {"success_before": rep["success_before"], "success_after": rep["success_after"],
             "success_before_ci": rep["success_before_ci"], "success_after_ci": rep["success_after_ci"],
             "env_steps": rep["env_steps"], "iterations": iters, "wall": wall,
             "after_on_task_episodes": on_task_episodes(base, final, episodes)}
 
 
-def on_task_episodes(base: Path, policy: Path, episodes: int) -> dict[str, Any]:
-    """``policy`` on the held-out episodes of ``base``'s task alignment (its run's config: env, seeds, costs), so
-    PPO's result compares with the task row's before / after episode for episode; the quickstart's own evaluation
-    plays other episodes."""
+def last_checkpoint(run_dir: Path) -> Path:
+    """The newest checkpoint of the run ``run_dir`` (alignment or quickstart) that verifies."""
+    from vla_rl.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(run_dir / "checkpoints")
+    if last is None:
+        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint that verifies")
+    return last
+
+
+def evaluate_as_run(run_dir: Path, policy: Path, episodes: int) -> dict[str, Any]:
+    """``policy`` on ``episodes`` held-out episodes of the alignment run ``run_dir``, with the config of its last
+    checkpoint (env, seeds, costs): :func:`vla_rl.commands.align.evaluate_policy_folder`."""
     from vla_rl.cli import parse_config
     from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
 
-    from vla_rl.checkpoint import latest_checkpoint
+    config = last_checkpoint(run_dir) / "config.json"
+    return evaluate_policy_folder(parse_config(AlignConfig, ["--config_path", str(config), "--policy.path",
+                                                             str(policy)]), episodes)
 
-    config = latest_checkpoint(base / "align-task" / "checkpoints") / "config.json"
-    ev = evaluate_policy_folder(parse_config(AlignConfig, ["--config_path", str(config), "--policy.path", str(policy)]),
-                                episodes)
+
+def on_task_episodes(base: Path, policy: Path, episodes: int) -> dict[str, Any]:
+    """``policy`` on the held-out episodes of ``base``'s task alignment, so PPO's result compares with the task
+    row's before / after episode for episode; the quickstart's own evaluation plays other episodes."""
+    ev = evaluate_as_run(base / "align-task", policy, episodes)
     return {"success": ev["success"], "success_ci": ev["success_ci"], "episodes": ev["episodes"], "policy": str(policy)}
 
 
@@ -294,9 +305,6 @@ def rescore(args: argparse.Namespace) -> None:
     on each run's starting policy and last checkpoint, with the run's own config), so that verdicts can use them
     (the efficiency row's steps on states solved before and after). Evaluation is deterministic: a fresh
     evaluation that does not reproduce the report's success stops the rescore. Rows keep their wall times."""
-    from vla_rl.cli import parse_config
-    from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
-
     if args.runs is None or not args.results.exists():
         raise SystemExit("--rescore needs --runs (the run folders) and an existing --results file")
     old = json.loads(args.results.read_text())
@@ -305,12 +313,11 @@ def rescore(args: argparse.Namespace) -> None:
             continue
         run_dir = args.runs / f"seed{r['seed']}" / f"align-{r['objective']}"
         report = json.loads((run_dir / "report.json").read_text())
-        last = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+        last = last_checkpoint(run_dir)
         for side, policy in (("before", report["policy"]), ("after", last / "policy")):
             if "per_episode" in report[side]:
                 continue
-            cfg = parse_config(AlignConfig, ["--config_path", str(last / "config.json"), "--policy.path", str(policy)])
-            ev = evaluate_policy_folder(cfg, report[side]["episodes"])
+            ev = evaluate_as_run(run_dir, Path(policy), report[side]["episodes"])
             if abs(ev["success"] - report[side]["success"]) > 1e-9:
                 raise RuntimeError(f"{run_dir} {side}: re-evaluated success {ev['success']} is not the report's "
                                    f"{report[side]['success']}: not the same evaluation, per-episode records not added")

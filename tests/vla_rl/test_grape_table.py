@@ -54,3 +54,9 @@ def test_demo_bc_runs_get_their_seeds_pretraining_demos(tmp_path, monkeypatch):
     default = tmp_path / "home" / "demos" / own.name
     with pytest.raises(FileNotFoundError, match=f"no quickstart demos for seed 3 at {default}"):
         grape.with_demos(3, base, "qs{seed}/sft_policy", ["--tpo.demo_bc", "10"])
+
+
+def test_a_run_without_a_checkpoint_that_verifies_is_named(tmp_path):
+    (tmp_path / "align-task" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="align-task/checkpoints: no checkpoint that verifies"):
+        grape.on_task_episodes(tmp_path, tmp_path / "policy", 4)
