@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,36 @@ def test_the_learning_rate_warms_up_linearly_then_follows_the_cosine():
     for bad in (SFTConfig, RaCLearnerConfig):
         with pytest.raises(ValueError, match="warmup_steps"):
             bad(warmup_steps=-1)
+
+
+AR = ["--policy.type", "openvla-style", "--policy.backbone", "tiny-llava", "--policy.chunk_size", "1",
+      "--policy.value_hidden_dim", "32"]
+RGB = ["--env.id", "mujoco/pick-red", "--env.obs_mode", "rgb", "--env.image_size", "32", "--env.num_envs", "2",
+       "--env.num_workers", "0"]
+
+
+def test_the_autoregressive_policy_pretrains_with_sft_then_imitates_its_successes_with_filtered_bc(tmp_path):
+    """The quickstart's two stages on the openvla-style policy: ``vla-rl sft`` on camera demos (the cross-entropy of
+    the demo's action tokens falls), then ``filtered_bc`` from that checkpoint (the episodes it keeps are judged on
+    the negated env reward, so the tiny policy fills its buffer) trains and saves a policy of the same kind."""
+    from policies.loading import load_policy
+
+    demos = tmp_path / "demos"
+    run(["collect", *RGB, "--episodes", "2", "--output", str(demos)])
+    stats = run(["sft", "--dataset", str(demos), "--output", str(tmp_path / "sft"), "--steps", "40",
+                 "--batch_size", "8", "--lr", "1e-3", *AR])
+    assert stats["sft/loss_last"] < 0.8 * stats["sft/loss_first"], stats
+    assert load_policy(tmp_path / "sft").config.backbone == "tiny-llava"
+    run(["train", *RGB, "--env.max_episode_steps", "8", "--policy.path", str(tmp_path / "sft"), "--algo.type", "filtered_bc",
+         "--algo.decisions_per_iter", "16", "--algo.steps_per_iter", "2", "--algo.batch_size", "4",
+         "--algo.min_buffer", "1", "--algo.success_return", "0.000001", "--reward.terms", "{env: -1.0}",
+         "--iterations", "2", "--eval.episodes", "2", "--eval.every", "0", "--eval.video", "false",
+         "--logging.wandb", "false", "--logging.tensorboard", "false", "--run_dir", str(tmp_path / "run")])
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "update/buffer_decisions" in r]
+    assert len(trained) == 2 and trained[-1]["update/buffer_decisions"] > 0, rows
+    assert trained[-1]["update/steps"] == 2 and math.isfinite(trained[-1]["update/loss"]), trained[-1]
+    from vla_rl.checkpoint import latest_checkpoint
+
+    assert type(load_policy(latest_checkpoint(tmp_path / "run" / "checkpoints") / "policy")).__name__ == \
+        type(load_policy(tmp_path / "sft")).__name__
