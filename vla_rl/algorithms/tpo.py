@@ -217,8 +217,7 @@ class TPOLearner(Learner):
                 pairs = [batch[i] for i in order[a : a + self.cfg.pairs_per_step]]
                 loss, stats = self._preference(pairs, ref)
                 if self.bc_optimizer is None:
-                    imitation = self._imitation(pairs, replay, stats)
-                    both = imitation if loss is None else loss if imitation is None else loss + imitation
+                    both = _total(loss, self._imitation(pairs, replay, stats))
                     if both is not None:
                         self._step(self.optimizer, both, params)
                 else:  # the preference step at lr, then the imitation step at bc_lr on the updated weights
@@ -266,7 +265,7 @@ class TPOLearner(Learner):
                 per_decision = per_decision[torch.tensor([p.chosen.success for p in pairs])]
             if per_decision.numel():
                 nll = -per_decision.mean()
-                loss = self.cfg.chosen_nll * nll if loss is None else loss + self.cfg.chosen_nll * nll
+                loss = _total(loss, self.cfg.chosen_nll * nll)
                 stats["chosen_nll"] = nll.detach()
         return loss, stats
 
@@ -283,7 +282,7 @@ class TPOLearner(Learner):
         if self.cfg.demo_bc > 0:
             demo = self._demo_rows().sample(self.cfg.demo_batch, self._demo_gen)
             bc = self.policy.sft_loss(demo.obs, demo.actions, demo.mask)
-            total = self.cfg.demo_bc * bc if total is None else total + self.cfg.demo_bc * bc
+            total = _total(total, self.cfg.demo_bc * bc)
             stats["demo_bc"] = bc.detach()
         return total
 
@@ -327,3 +326,9 @@ class TPOLearner(Learner):
             self._demo_gen.set_state(state["demo_generator"])
         if "replay_generator" in state:
             self._replay_gen.set_state(state["replay_generator"])
+
+
+def _total(*terms: torch.Tensor | None) -> torch.Tensor | None:
+    """The sum of the loss terms that apply (not None); None when none does."""
+    present = [t for t in terms if t is not None]
+    return sum(present[1:], present[0]) if present else None
