@@ -49,6 +49,19 @@ def reduce_logp(logp: torch.Tensor, level: LogProbLevel) -> torch.Tensor:
     return logp.sum((-1, -2))
 
 
+def masked_step_mean(err: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of a per-element loss ``err [B, H, A]`` over the action dims of the chunk steps ``mask [B, H]``
+    marks valid (every step without a mask): the supervised losses' reduction, so a padded step past an
+    episode's end counts neither in the loss nor in its gradient. A step the mask drops is replaced by 0 here;
+    an ``err`` computed from ``nan`` padding must be made finite before the operation that would spread it into
+    the gradient (as :func:`policies.mlp.policy.masked_mse` does). 0 when the mask selects nothing."""
+    if mask is None:
+        return err.mean()
+    valid = mask.to(device=err.device, dtype=torch.bool)
+    per_step = torch.where(valid, err.mean(-1), torch.zeros((), dtype=err.dtype, device=err.device))
+    return per_step.sum() / valid.sum().clamp_min(1).to(err.dtype)
+
+
 @dataclass
 class ActOutput:
     """What ``Policy.act`` returns.

@@ -35,7 +35,7 @@ from policies.autoregressive.backbones import BackboneError, Prompts, VLMBackbon
 from policies.autoregressive.config import AutoregressiveVLAConfig
 from policies.autoregressive.decoding import Decoded, decode, score
 from policies.autoregressive.normalization import ActionNormalizer, NormalizationStats
-from policies.base import ActMode, ActOutput, LogProbLevel, Policy, reduce_logp
+from policies.base import ActMode, ActOutput, LogProbLevel, Policy, masked_step_mean, reduce_logp
 from policies.io import (
     CONFIG_FILE,
     TASK,
@@ -280,10 +280,7 @@ class AutoregressiveVLAPolicy(Policy):
         scored = score(self.backbone, prompts, pixels, tokens, self.action_tokenizer.first_id,
                        self.action_tokenizer.num_bins, 1.0, self.config.restrict_to_action_bins)
         nll = -scored.logp.reshape(-1, self.config.chunk_size, self.config.action_dim)
-        if action_mask is None:
-            return nll.mean()
-        weight = action_mask.to(nll).unsqueeze(-1).expand_as(nll)
-        return (nll * weight).sum() / weight.sum().clamp(min=1.0)
+        return masked_step_mean(nll, action_mask)
 
     def value(self, obs: dict[str, Any]) -> Tensor:
         """Critic estimate ``float32 [B]`` from one prompt pass (no decoding)."""

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from policies.base import masked_step_mean
+
 
 def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> Tensor:
     """Sine-cosine embedding ``[B] -> [B, dim]`` of flow times in ``[0, 1]`` (periods as in pi0).
@@ -271,9 +273,6 @@ def flow_matching_loss(velocity: Tensor, noise: Tensor, actions: Tensor, mask: T
         Scalar loss (0 when the mask selects nothing).
     """
     diff = velocity - (noise - actions)
-    if mask is None:
-        return diff.pow(2).mean()
-    valid = mask.to(torch.bool)
-    diff = torch.where(valid[..., None], diff, torch.zeros_like(diff))  # no nan from padding, in value or gradient
-    err = diff.pow(2).mean(-1)
-    return err.sum() / valid.sum().clamp_min(1).to(err.dtype)
+    if mask is not None:  # no nan from padding, in value or gradient
+        diff = torch.where(mask.to(torch.bool)[..., None], diff, torch.zeros_like(diff))
+    return masked_step_mean(diff.pow(2), mask)

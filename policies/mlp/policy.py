@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from policies.base import ActMode, ActOutput, Policy, reduce_logp
+from policies.base import ActMode, ActOutput, Policy, masked_step_mean, reduce_logp
 from policies.io import (
     OBS_ENV_STATE,
     OBS_STATE,
@@ -71,11 +71,9 @@ def masked_mse(pred: Tensor, target: Tensor, mask: Tensor | None = None) -> Tens
     Returns:
         Scalar loss (0 when the mask selects nothing).
     """
-    if mask is None:
-        return (pred - target).pow(2).mean()
-    valid = mask.to(torch.bool)[..., None]
-    diff = torch.where(valid, pred - torch.where(valid, target, torch.zeros_like(target)), torch.zeros_like(pred))
-    return diff.pow(2).mean(-1).sum() / valid.sum().clamp_min(1).to(pred.dtype)
+    if mask is not None:  # nan targets at padded steps must not reach the gradient through the square
+        target = torch.where(mask.to(torch.bool)[..., None], target, torch.zeros_like(target))
+    return masked_step_mean((pred - target).pow(2), mask)
 
 
 @POLICIES.register(NAME, config=GaussianMLPConfig)
