@@ -167,13 +167,13 @@ def last_checkpoint(run_dir: Path) -> Path:
     return last
 
 
-def evaluate_as_run(run_dir: Path, policy: Path, episodes: int) -> dict[str, Any]:
-    """``policy`` on ``episodes`` held-out episodes of the alignment run ``run_dir``, with the config of its last
-    checkpoint (env, seeds, costs): :func:`vla_rl.commands.align.evaluate_policy_folder`."""
+def evaluate_as_run(checkpoint: Path, policy: Path, episodes: int) -> dict[str, Any]:
+    """``policy`` on ``episodes`` held-out episodes of an alignment run, with the config of its ``checkpoint``
+    folder (env, seeds, costs): :func:`vla_rl.commands.align.evaluate_policy_folder`."""
     from vla_rl.cli import parse_config
     from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
 
-    config = last_checkpoint(run_dir) / "config.json"
+    config = checkpoint / "config.json"
     return evaluate_policy_folder(parse_config(AlignConfig, ["--config_path", str(config), "--policy.path",
                                                              str(policy)]), episodes)
 
@@ -181,7 +181,7 @@ def evaluate_as_run(run_dir: Path, policy: Path, episodes: int) -> dict[str, Any
 def on_task_episodes(base: Path, policy: Path, episodes: int) -> dict[str, Any]:
     """``policy`` on the held-out episodes of ``base``'s task alignment, so PPO's result compares with the task
     row's before / after episode for episode; the quickstart's own evaluation plays other episodes."""
-    ev = evaluate_as_run(base / "align-task", policy, episodes)
+    ev = evaluate_as_run(last_checkpoint(base / "align-task"), policy, episodes)
     return {"success": ev["success"], "success_ci": ev["success_ci"], "episodes": ev["episodes"], "policy": str(policy)}
 
 
@@ -317,7 +317,7 @@ def rescore(args: argparse.Namespace) -> None:
         for side, policy in (("before", report["policy"]), ("after", last / "policy")):
             if "per_episode" in report[side]:
                 continue
-            ev = evaluate_as_run(run_dir, Path(policy), report[side]["episodes"])
+            ev = evaluate_as_run(last, Path(policy), report[side]["episodes"])
             if abs(ev["success"] - report[side]["success"]) > 1e-9:
                 raise RuntimeError(f"{run_dir} {side}: re-evaluated success {ev['success']} is not the report's "
                                    f"{report[side]['success']}: not the same evaluation, per-episode records not added")

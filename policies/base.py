@@ -51,15 +51,24 @@ def reduce_logp(logp: torch.Tensor, level: LogProbLevel) -> torch.Tensor:
 
 def masked_step_mean(err: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The mean of a per-element loss ``err [B, H, A]`` over the action dims of the chunk steps ``mask [B, H]``
-    marks valid (every step without a mask): the supervised losses' reduction, so a padded step past an
-    episode's end counts neither in the loss nor in its gradient. A step the mask drops is replaced by 0 here;
-    an ``err`` computed from ``nan`` padding must be made finite before the operation that would spread it into
-    the gradient (as :func:`policies.mlp.policy.masked_mse` does). 0 when the mask selects nothing."""
+    marks valid (every step without a mask): the supervised losses' reduction. A step the mask drops is replaced
+    by 0; an ``err`` computed from ``nan`` padding must be made finite before the operation that would spread it
+    into the gradient (:func:`masked_mse` does). 0 when the mask selects nothing."""
     if mask is None:
         return err.mean()
     valid = mask.to(device=err.device, dtype=torch.bool)
     per_step = torch.where(valid, err.mean(-1), torch.zeros((), dtype=err.dtype, device=err.device))
     return per_step.sum() / valid.sum().clamp_min(1).to(err.dtype)
+
+
+def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error of ``pred`` against ``target`` (``[B, H, A]``) over the action dims of the chunk steps
+    ``mask [B, H]`` marks valid: padded steps count neither in the loss nor in its gradient, even when ``pred`` or
+    ``target`` holds ``nan`` there (the difference is zeroed before the square). 0 when the mask selects nothing."""
+    diff = pred - target
+    if mask is not None:
+        diff = torch.where(mask.to(device=diff.device, dtype=torch.bool)[..., None], diff, torch.zeros_like(diff))
+    return masked_step_mean(diff.pow(2), mask)
 
 
 @dataclass

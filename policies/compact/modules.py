@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from policies.base import masked_step_mean
+from policies.base import masked_mse
 
 
 def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> Tensor:
@@ -272,7 +272,4 @@ def flow_matching_loss(velocity: Tensor, noise: Tensor, actions: Tensor, mask: T
     Returns:
         Scalar loss (0 when the mask selects nothing).
     """
-    diff = velocity - (noise - actions)
-    if mask is not None:  # no nan from padding, in value or gradient
-        diff = torch.where(mask.to(torch.bool)[..., None], diff, torch.zeros_like(diff))
-    return masked_step_mean(diff.pow(2), mask)
+    return masked_mse(velocity, noise - actions, mask)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from policies.base import ActMode, ActOutput, Policy, masked_step_mean, reduce_logp
+from policies.base import ActMode, ActOutput, Policy, masked_mse, reduce_logp
 from policies.io import (
     OBS_ENV_STATE,
     OBS_STATE,
@@ -58,22 +58,6 @@ def mlp(sizes: tuple[int, ...], out_gain: float) -> nn.Sequential:
         if not last:
             layers.append(nn.Tanh())
     return nn.Sequential(*layers)
-
-
-def masked_mse(pred: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Mean squared error over the action dims of the valid chunk steps.
-
-    Args:
-        pred, target: ``[B, H, A]``.
-        mask: optional ``[B, H]`` bool of valid steps; padded steps count neither in the loss nor in its gradient,
-            even when the target holds ``nan`` there.
-
-    Returns:
-        Scalar loss (0 when the mask selects nothing).
-    """
-    if mask is not None:  # nan targets at padded steps must not reach the gradient through the square
-        target = torch.where(mask.to(torch.bool)[..., None], target, torch.zeros_like(target))
-    return masked_step_mean((pred - target).pow(2), mask)
 
 
 @POLICIES.register(NAME, config=GaussianMLPConfig)

@@ -290,8 +290,9 @@ def test_the_autoregressive_policy_pretrains_with_sft_then_imitates_its_successe
                  "--batch_size", "8", "--lr", "1e-3", *AR])
     assert stats["sft/loss_last"] < 0.8 * stats["sft/loss_first"], stats
     assert load_policy(tmp_path / "sft").config.backbone == "tiny-llava"
-    run(["train", *RGB, "--env.max_episode_steps", "8", "--policy.path", str(tmp_path / "sft"), "--algo.type", "filtered_bc",
-         "--algo.decisions_per_iter", "16", "--algo.steps_per_iter", "2", "--algo.batch_size", "4",
+    run(["train", *RGB, "--env.max_episode_steps", "8", "--policy.path", str(tmp_path / "sft"),
+         "--algo.type", "filtered_bc", "--algo.decisions_per_iter", "16", "--algo.steps_per_iter", "2",
+         "--algo.batch_size", "4",
          "--algo.min_buffer", "1", "--algo.success_return", "0.000001", "--reward.terms", "{env: -1.0}",
          "--iterations", "2", "--eval.episodes", "2", "--eval.every", "0", "--eval.video", "false",
          "--logging.wandb", "false", "--logging.tensorboard", "false", "--run_dir", str(tmp_path / "run")])
