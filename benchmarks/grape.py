@@ -225,6 +225,16 @@ def row(seed: int, objective: str, r: dict[str, Any]) -> dict[str, Any]:
             "measured": what}
 
 
+def verdict(r: dict[str, Any]) -> str:
+    """A row's target column: met / not met, and for safety and efficiency which half failed when success fell
+    below its start's interval (their measured quantity alone can look met then)."""
+    if r["target_met"]:
+        return "met"
+    if r["objective"] != "task" and r["success_after"] < r["success_before_ci"][0]:
+        return "not met: success below its start's interval"
+    return "not met"
+
+
 def table(rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]]) -> str:
     ci = lambda x: f"{x[0]:.2f}-{x[1]:.2f}"  # noqa: E731
     lines = ["| seed | objective | success before [95% CI] | success after [95% CI] | collision rate | "
@@ -237,7 +247,8 @@ def table(rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]]) -> st
         lines.append(f"| {r['seed']} | {objective} | {r['success_before']:.2f} [{ci(r['success_before_ci'])}] | "
                      f"{r['success_after']:.2f} [{ci(r['success_after_ci'])}] | {cr} | "
                      f"{st(r['mean_steps_success_before'])} -> {st(r['mean_steps_success_after'])} | {r['env_steps']} | "
-                     f"{r['wall_seconds']:.0f} | {'met' if r['target_met'] else 'not met'} | {r['measured']} |")
+                     f"{r['wall_seconds']:.0f} | {verdict(r)} | {r['measured']} |")
+
     def on_task(p: dict[str, Any]) -> str:
         a = p.get("after_on_task_episodes")
         return f"; after on the task row's held-out episodes {a['success']:.2f} [{ci(a['success_ci'])}]" if a else ""

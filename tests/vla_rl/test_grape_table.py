@@ -60,3 +60,13 @@ def test_a_run_without_a_checkpoint_that_verifies_is_named(tmp_path):
     (tmp_path / "align-task" / "checkpoints").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="align-task/checkpoints: no checkpoint that verifies"):
         grape.on_task_episodes(tmp_path, tmp_path / "policy", 4)
+
+
+def test_the_target_column_says_when_success_fell_below_its_start():
+    """A safety run whose collisions fell enough but whose success fell below its start's interval reads as
+    that, not as a bare 'not met'; a task run's miss, and a run inside the interval, stay plain."""
+    row = {"objective": "safety", "target_met": False, "success_before_ci": [0.68, 0.77], "success_after": 0.64}
+    assert grape.verdict(row) == "not met: success below its start's interval"
+    assert grape.verdict({**row, "success_after": 0.70}) == "not met"
+    assert grape.verdict({**row, "objective": "task"}) == "not met"
+    assert grape.verdict({**row, "target_met": True}) == "met"
