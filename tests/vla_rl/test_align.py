@@ -225,8 +225,8 @@ def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_
 @pytest.mark.parametrize("objective", ["task", "safety", "efficiency"])
 def test_align_presets_parse_with_their_measured_settings(objective: str):
     """Each ``align_<objective>`` preset sets its objective and 10 rounds; the task and safety presets imitate the
-    chosen successes and the pre-training demos at filtered_bc's rate (sessions 49 and 52), the efficiency preset
-    leaves the demos out (they set its pace, session 51)."""
+    chosen successes and the pre-training demos at filtered_bc's rate (sessions 49 and 52); the efficiency preset
+    leaves both out (they slow its successes, sessions 51-52)."""
     from vla_rl.cli import parse_config
     from vla_rl.commands.align import AlignConfig
 
