@@ -185,12 +185,17 @@ def on_task_episodes(base: Path, policy: Path, episodes: int) -> dict[str, Any]:
     return {"success": ev["success"], "success_ci": ev["success_ci"], "episodes": ev["episodes"], "policy": str(policy)}
 
 
+def success_kept(after: float, before_ci: list[float]) -> bool:
+    """The safety and efficiency targets' second half: success after not below the start's 95% interval."""
+    return after >= before_ci[0]
+
+
 def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
     """Whether the run meets issue 17's target for ``objective``, and the measured quantity."""
     from vla_rl.grape import collisions_by_outcome, shared_success_steps
 
     b, a = r["before"], r["after"]
-    kept = a["success"] >= b["success_ci"][0]
+    kept = success_kept(a["success"], b["success_ci"])
     if objective == "task":
         gain = a["success"] - b["success"]
         return gain >= 0.15 - 1e-9, f"success {gain:+.3f}"
@@ -230,7 +235,7 @@ def verdict(r: dict[str, Any]) -> str:
     below its start's interval (their measured quantity alone can look met then)."""
     if r["target_met"]:
         return "met"
-    if r["objective"] != "task" and r["success_after"] < r["success_before_ci"][0]:
+    if r["objective"] != "task" and not success_kept(r["success_after"], r["success_before_ci"]):
         return "not met: success below its start's interval"
     return "not met"
 
