@@ -224,14 +224,15 @@ def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_
 
 @pytest.mark.parametrize("objective", ["task", "safety", "efficiency"])
 def test_align_presets_parse_with_their_measured_settings(objective: str):
-    """Each ``align_<objective>`` preset sets its objective and 10 rounds; the task and safety presets imitate the
-    chosen successes and the pre-training demos at filtered_bc's rate (sessions 49 and 52); the efficiency preset
-    leaves both out (they slow its successes, sessions 51-52)."""
+    """Each ``align_<objective>`` preset sets its objective and its rounds (10; 15 for efficiency, session 53); the
+    task and safety presets imitate the chosen successes and the pre-training demos at filtered_bc's rate (sessions
+    49 and 52); the efficiency preset leaves both out (they slow its successes, sessions 51-52)."""
     from vla_rl.cli import parse_config
     from vla_rl.commands.align import AlignConfig
 
     cfg = parse_config(AlignConfig, ["--preset", f"align_{objective}"])
-    assert (cfg.objective, cfg.rounds, cfg.tpo.beta, cfg.tpo.chosen_nll) == (objective, 10, 1.0, 1.0)
+    rounds = 15 if objective == "efficiency" else 10
+    assert (cfg.objective, cfg.rounds, cfg.tpo.beta, cfg.tpo.chosen_nll) == (objective, rounds, 1.0, 1.0)
     imitates = objective != "efficiency"
     assert (cfg.tpo.chosen_bc, cfg.tpo.demo_bc, cfg.tpo.bc_lr) == ((10.0, 10.0, 1e-3) if imitates else (0.0, 0.0, 0.0))
     assert cfg.grape.pair_within_outcome == (objective == "safety")
