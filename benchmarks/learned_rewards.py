@@ -735,7 +735,7 @@ def render(results: dict[str, Any]) -> str:
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "
                 f"({first['mixed_curve'][1][0]:,} env steps) on 400 held-out episodes.{_start(sec)}{data}{fade} "
-                f"{_conditions(sec)}.", "",
+                f"{_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""), "",
                 "*Sparse improved*: the sparse run's final lies above the start's 95% interval (otherwise matching it "
                 "says nothing about sample efficiency and the row cannot meet the target). *Met*: the sparse run "
                 "improved, the ratio is <= 0.6, and the PRM run does not end below the sparse final's 95% interval. "
