@@ -558,6 +558,11 @@ def _start(section: dict[str, Any]) -> str:
     return f" On `{env}`; the pre-trained start: {recipe}."
 
 
+def _ratio(value: float) -> str:
+    """A step ratio for a table: '-' where the PRM run never reached the sparse final."""
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
 def plot_name(key: str) -> str:
     """The image of a results section: ``<part>.png`` (``curriculum.png``, ``prm.png``), or ``<part>-<tag slug>.png``
     for a tagged section."""
@@ -750,8 +755,8 @@ def render(results: dict[str, Any]) -> str:
             smooth = prm_crossing(r["sparse_curve"], r["mixed_curve"], window=3)[2]
             out.append(f"| {seed} | {r['start']:.3f} | {r['sparse_final']:.3f} | {'yes' if r['sparse_improved'] else 'no'} | "
                        f"{r['sparse_steps']:,} | {r['mixed_final']:.3f} | "
-                       f"{'-' if reached is None else f'{reached:,}'} | {r['step_ratio']:.2f} | "
-                       f"{'yes' if prm_ok(r) else 'no'} | {smooth:.2f} |")
+                       f"{'-' if reached is None else f'{reached:,}'} | {_ratio(r['step_ratio'])} | "
+                       f"{'yes' if prm_ok(r) else 'no'} | {_ratio(smooth)} |")
         out += ["", f"![held-out success of the sparse and the PRM run per seed](img/{plot_name(key)})"]
     for key in curriculum_keys(results):
         sec = results[key]
