@@ -69,6 +69,9 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
         --start_success 0.25 --check_every 500 --policy_episodes 200 --prm progress-v3 --counterfactual \
         --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/stack \
         --tag "stack-any, milestone, w 0.5 annealed to 0"
+    python benchmarks/learned_rewards.py --parts prm-replicate --start_success 0.15 --prm progress-v3 \
+        --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 3 --out /work/exp/s54/weak \
+        --tag "start 0.15, sparse replicate"
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
         --out /work/exp/s39/rw --reeval_per_task 100
@@ -215,13 +218,14 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
                    sft_from: Path | None = None, eval_episodes: int = 400, preset: str = "quickstart_ppo",
                    env: Any = None, per_task: int = 0, start: Start | None = None, algo: dict[str, Any] | None = None,
-                   **fields: Any) -> dict[str, Any]:
+                   rl_seed: int | None = None, **fields: Any) -> dict[str, Any]:
     """``vla-rl quickstart`` (``preset``; empty = its defaults) with the RL stage's reward replaced by ``reward``
     (a RewardConfig; None = the preset's), the env by ``env`` (an EnvConfig), the evaluation by the ``per_task``
     protocol with that many episodes per task (0 = the quickstart's seeded episodes) and other QuickstartConfig
     ``fields`` set, and the preset's learner config with ``algo``'s fields; ``sft_from``: a run folder whose
     pre-trained policy this run starts from; ``start``: the task and pre-training of a run that pre-trains
-    (:func:`pretrained`; its env unless ``env`` is given)."""
+    (:func:`pretrained`; its env unless ``env`` is given); ``rl_seed``: the RL stage's seed (its training episodes
+    and sampling noise) in place of ``seed``, the evaluation keeping ``seed``'s held-out episodes."""
     import shutil
 
     from vla_rl.cli import parse_config
@@ -233,6 +237,8 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
         train = original(cfg, run, policy_path)
         if reward is not None:
             train = dataclasses.replace(train, reward=reward)
+        if rl_seed is not None:  # train.eval.seed is already seed's: replace() keeps it
+            train = dataclasses.replace(train, seed=rl_seed)
         if per_task:
             train = dataclasses.replace(train, eval=dataclasses.replace(
                 train.eval, protocol="per_task", episodes_per_task=per_task))
@@ -304,7 +310,6 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
              mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None) -> dict[str, Any]:
     from rewards import RewardConfig
     from rewards.learned.terms import ProgressTermConfig
-    from vla_rl.evaluation import wilson_interval
 
     prm = model_path(name, seed, out)
     model_row = None
@@ -315,25 +320,73 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     sparse_dir = out / f"prm-sparse-s{seed}"
     quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
                    eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start), env=start.env())
-    variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
-               + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}"))
-    mixed_dir = out / f"prm-mixed{variant}-s{seed}"
+    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal)
     quickstart_run(seed, mixed_dir, RewardConfig(terms={"success": 1.0, "prm": weight},
                                                  prm=ProgressTermConfig(path=str(prm), mode=mode),
                                                  anneal={} if anneal is None else {"prm": anneal}),
                    iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes, env=start.env())
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
-    before = sparse[0][1]  # the shared start's success
-    target, reached, ratio = prm_crossing(sparse, mixed)
-    start_high = wilson_interval(round(before * eval_episodes), eval_episodes)[1]
-    row = {"seed": seed, "start": before, "sparse_final": target, "sparse_steps": sparse[-1][0],
-           "mixed_final": mixed[-1][1], "mixed_steps_to_sparse_final": reached, "step_ratio": ratio,
-           "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
-           "prm_anneal": anneal, "wall_s": time.perf_counter() - t0, "prm": str(prm), "prm_model": model_row,
+    return {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
+            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
+            "prm_anneal": anneal, "wall_s": time.perf_counter() - t0, "prm": str(prm), "prm_model": model_row}
+
+
+def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None) -> Path:
+    """The run folder of the PRM + success run of ``seed`` with these ``--prm*`` settings (``--prm``'s help)."""
+    variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
+               + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}"))
+    return out / f"prm-mixed{variant}-s{seed}"
+
+
+def compare(sparse: list[tuple[int, float]], other: list[tuple[int, float]], episodes: int = 400) -> dict[str, Any]:
+    """The PRM target read on two runs' evaluations from one start: ``sparse``'s final is the level to reach,
+    ``other`` the run that should reach it within 60% of the steps (:func:`prm_crossing`, :func:`prm_ok`)."""
+    from vla_rl.evaluation import wilson_interval
+
+    target, reached, ratio = prm_crossing(sparse, other)
+    start_high = wilson_interval(round(sparse[0][1] * episodes), episodes)[1]
+    row = {"sparse_final": target, "mixed_final": other[-1][1], "mixed_steps_to_sparse_final": reached,
+           "step_ratio": ratio,
            # matching a sparse run that did not improve on the start (its final inside the start's 95% interval)
            # says nothing about sample efficiency
            "sparse_improved": target > start_high}
-    row["ok"] = prm_ok(row, eval_episodes)
+    row["ok"] = prm_ok(row, episodes)
+    return row
+
+
+REPLICATE_SEED = 100
+"""``--parts prm-replicate``: the second sparse run of seed ``s`` trains with RL seed ``s + REPLICATE_SEED``."""
+
+
+def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, eval_episodes: int,
+                       start: Start, mixed_dir: Path) -> dict[str, Any]:
+    """A second sparse run (B) from the seed's pre-trained start, on the same held-out episodes as the ``prm``
+    part's sparse run (A), differing only in the RL seed (its training episodes and sampling noise). B against A
+    is the target's test on two runs that differ by chance alone; the PRM run (``mixed_dir``, where it exists) is
+    also read against B and against the mean of A and B, a target less moved by one run's luck."""
+    from rewards import RewardConfig
+
+    first = out / f"prm-sparse-s{seed}"
+    if not (first / "metrics.jsonl").exists():
+        raise SystemExit(f"no sparse run at {first}: run --parts prm with this --out first")
+    t0 = time.perf_counter()
+    second = out / f"prm-sparse-r{REPLICATE_SEED}-s{seed}"
+    quickstart_run(seed, second, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
+                   eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start), env=start.env(),
+                   rl_seed=seed + REPLICATE_SEED)
+    a, b = evals(metrics(first)), evals(metrics(second))
+    if [step for step, _ in a] != [step for step, _ in b] or abs(a[0][1] - b[0][1]) > 1e-9:
+        raise SystemExit(f"{first} and {second} do not share a start and evaluation steps (start {a[0][1]} vs "
+                         f"{b[0][1]}; steps {[s for s, _ in a]} vs {[s for s, _ in b]}): use the prm run's "
+                         "--iterations and --eval_every")
+    mean = [(step, (x + y) / 2) for (step, x), (_, y) in zip(a, b)]
+    row = {"seed": seed, "rl_seed": seed + REPLICATE_SEED, "start": a[0][1], "sparse_steps": a[-1][0],
+           "a_curve": a, "b_curve": b, "b_vs_a": compare(a, b, eval_episodes), "a_vs_b": compare(b, a, eval_episodes),
+           "mixed_run": mixed_dir.name, "wall_s": time.perf_counter() - t0}
+    if (mixed_dir / "metrics.jsonl").exists():
+        mixed = evals(metrics(mixed_dir))
+        row.update(mixed_curve=mixed, prm_vs_a=compare(a, mixed, eval_episodes),
+                   prm_vs_b=compare(b, mixed, eval_episodes), prm_vs_mean=compare(mean, mixed, eval_episodes))
     return row
 
 
@@ -625,9 +678,19 @@ def prm_keys(results: dict[str, Any]) -> list[str]:
     return [k for k in results if k.split(" (")[0] == "prm"]
 
 
-def plot_prm(section: dict[str, Any], path: Path) -> None:
-    """Per seed, the held-out success of the sparse and the PRM run against env steps, with the sparse run's final
-    (the level to reach) and 60% of its env steps (where to reach it by)."""
+PRM_CURVES = (("sparse", "sparse_curve"), ("PRM + success", "mixed_curve"))
+REPLICATE_CURVES = (("sparse A", "a_curve"), ("sparse B (RL seed + 100)", "b_curve"), ("PRM + success", "mixed_curve"))
+
+
+def replicate_keys(results: dict[str, Any]) -> list[str]:
+    """The ``prm-replicate`` sections of ``rewards.json`` (:func:`part_prm_replicate`)."""
+    return [k for k in results if k.split(" (")[0] == "prm-replicate"]
+
+
+def plot_prm(section: dict[str, Any], path: Path, curves: tuple[tuple[str, str], ...] = PRM_CURVES) -> None:
+    """Per seed, the held-out success of each run in ``curves`` (label, row field; a row without the field skips
+    it) against env steps, with the first run's final (the level to reach) and 60% of its env steps (where to
+    reach it by)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -636,9 +699,11 @@ def plot_prm(section: dict[str, Any], path: Path) -> None:
     rows = _by_seed(section)
     fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.2), squeeze=False, sharey=True)
     for ax, (seed, r) in zip(axes[0], rows):
-        for name, curve in (("sparse", r["sparse_curve"]), ("PRM + success", r["mixed_curve"])):
-            ax.plot([c[0] / 1e3 for c in curve], [c[1] for c in curve], marker="o", ms=3, lw=1.2, label=name)
-        ax.axhline(r["sparse_final"], color="grey", lw=0.8, ls="--")
+        for name, field in curves:
+            if r.get(field):
+                curve = r[field]
+                ax.plot([c[0] / 1e3 for c in curve], [c[1] for c in curve], marker="o", ms=3, lw=1.2, label=name)
+        ax.axhline(r[curves[0][1]][-1][1], color="grey", lw=0.8, ls="--")
         ax.axvline(0.6 * r["sparse_steps"] / 1e3, color="grey", lw=0.8, ls=":")
         ax.set_title(f"seed {seed}", fontsize=9)
         ax.set_xlabel("env steps (k)")
@@ -649,6 +714,46 @@ def plot_prm(section: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
+    """The table of a ``prm-replicate`` section: two sparse runs from one start read against each other by the PRM
+    target, and the PRM run read against each and against their mean; then how often each reading met it."""
+    rows = _by_seed(sec)
+    readings = {"b_vs_a": "B vs A", "a_vs_b": "A vs B", "prm_vs_a": "PRM vs A", "prm_vs_b": "PRM vs B",
+                "prm_vs_mean": "PRM vs mean"}
+
+    def cell(r: dict[str, Any], name: str) -> str:
+        c = r.get(name)
+        return "- | -" if c is None else f"{_ratio(c['step_ratio'])} | {'yes' if c['ok'] else 'no'}"
+
+    out = ["", f"### Sparse against sparse: a second RL seed{_variant(key)}", "",
+           "`--parts prm-replicate`: per seed, a second sparse run (B: `{success: 1.0}`, RL seed = seed + 100, so "
+           "other training episodes and sampling noise) from the same pre-trained start as the `prm` part's sparse "
+           "run (A) under the same `--out`, evaluated on the same 400 held-out episodes at the same env steps."
+           f"{_start(sec)} {_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""), "",
+           "*B vs A*: the PRM table's target with B in the PRM run's place (A improved on the start, B reaches A's "
+           "final within 60% of the env steps and does not end below its 95% interval); *A vs B* the other way "
+           "round. The two differ by chance alone, so a target met this way is one a single pair of runs meets by "
+           "luck. *PRM vs A / B / mean*: the PRM run of the same seed and start (`"
+           f"{rows[0][1]['mixed_run'].rsplit('-s', 1)[0]}-s<seed>`) read against A (the PRM table's row), against B, "
+           "and against the mean curve of A and B (intervals at 400 episodes).", "",
+           "| seed | start | A final | B final | B vs A: ratio | met | A vs B: ratio | met | PRM final | PRM vs A: "
+           "ratio | met | PRM vs B: ratio | met | mean of A, B: final | PRM vs mean: ratio | met |",
+           "|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---|---:|---|---:|---:|---|"]
+    for seed, r in rows:
+        mixed = f"{r['mixed_curve'][-1][1]:.3f}" if r.get("mixed_curve") else "-"
+        mean = (r["a_curve"][-1][1] + r["b_curve"][-1][1]) / 2
+        out.append(f"| {seed} | {r['start']:.3f} | {r['a_curve'][-1][1]:.3f} | {r['b_curve'][-1][1]:.3f} | "
+                   f"{cell(r, 'b_vs_a')} | {cell(r, 'a_vs_b')} | {mixed} | {cell(r, 'prm_vs_a')} | "
+                   f"{cell(r, 'prm_vs_b')} | {mean:.3f} | {cell(r, 'prm_vs_mean')} |")
+    counts = []
+    for name, label in readings.items():
+        read = [r[name] for _, r in rows if r.get(name)]
+        counts.append(f"{label} {sum(c['ok'] for c in read)} of {len(read)}")
+    out += ["", "Met: " + "; ".join(counts) + ".", "",
+            f"![held-out success of both sparse runs and the PRM run per seed](img/{plot_name(key)})"]
+    return out
 
 
 def render(results: dict[str, Any]) -> str:
@@ -758,6 +863,8 @@ def render(results: dict[str, Any]) -> str:
                        f"{'-' if reached is None else f'{reached:,}'} | {_ratio(r['step_ratio'])} | "
                        f"{'yes' if prm_ok(r) else 'no'} | {_ratio(smooth)} |")
         out += ["", f"![held-out success of the sparse and the PRM run per seed](img/{plot_name(key)})"]
+    for key in replicate_keys(results):
+        out += render_replicate(key, results[key])
     for key in curriculum_keys(results):
         sec = results[key]
         rows = _by_seed(sec)
@@ -866,7 +973,9 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--parts", nargs="+", default=["classifier"],
-                   choices=["classifier", "ppo-classifier", "bc-classifier", "prm", "curriculum"])
+                   choices=["classifier", "ppo-classifier", "bc-classifier", "prm", "prm-replicate", "curriculum"],
+                   help="prm-replicate: after prm with the same --out and --prm* settings, a second sparse run per "
+                        "seed with another RL seed (part_prm_replicate)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=400, help="training and held-out episodes each (classifier)")
     p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
@@ -948,6 +1057,8 @@ def main() -> None:
                 plot_curriculum(results[key], ROOT / "docs" / "img" / plot_name(key))
         for key in prm_keys(results):
             plot_prm(results[key], ROOT / "docs" / "img" / plot_name(key))
+        for key in replicate_keys(results):
+            plot_prm(results[key], ROOT / "docs" / "img" / plot_name(key), REPLICATE_CURVES)
         write_section(args.render, "## Learned rewards (issue 19)", render(results))
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -972,6 +1083,9 @@ def main() -> None:
                 row = part_curriculum(seed, out, args.curriculum_iterations, args.per_task, args.curriculum_demos,
                                       args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer,
                                       args.curriculum_preset)
+            elif part == "prm-replicate":
+                mixed = mixed_run(out, seed, args.prm, args.prm_mode, args.prm_weight, args.prm_anneal)
+                row = part_prm_replicate(seed, out, args.iterations, args.eval_every, args.eval_episodes, start, mixed)
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,

@@ -141,3 +141,27 @@ def test_the_prm_section_names_a_task_and_start_other_than_the_quickstarts():
     text = bench._start(section)
     assert "`mujoco/stack-any`" in text and "200 expert demos, 6000 imitation steps at most" in text
     assert "every 500 steps, that reached 0.25" in text
+
+
+def test_a_second_sparse_run_is_read_against_the_first_both_ways_and_the_prm_run_against_each():
+    a = [(0, 0.20), (100, 0.25), (200, 0.30), (300, 0.32), (400, 0.35), (500, 0.36)]
+    b = [(0, 0.20), (100, 0.22), (200, 0.37), (300, 0.30), (400, 0.31), (500, 0.33)]
+    prm = [(0, 0.20), (100, 0.30), (200, 0.33), (300, 0.40), (400, 0.34), (500, 0.31)]
+    mean = [(s, (x + y) / 2) for (s, x), (_, y) in zip(a, b)]
+    b_vs_a, a_vs_b = bench.compare(a, b), bench.compare(b, a)
+    # B's lucky 0.37 at 40% reaches A's final 0.36, and B ends at 0.33, inside A's final's interval: met by chance
+    assert (b_vs_a["step_ratio"], b_vs_a["ok"]) == (0.4, True)
+    assert (a_vs_b["sparse_final"], a_vs_b["step_ratio"], a_vs_b["ok"]) == (0.33, 0.8, False)
+    prm_vs_mean = bench.compare(mean, prm)  # the mean ends at 0.345 [0.300-]: reached at 300, PRM ends inside
+    assert prm_vs_mean["sparse_final"] == pytest.approx(0.345) and prm_vs_mean["ok"]
+    row = {"seed": 5, "rl_seed": 105, "start": 0.2, "sparse_steps": 500, "a_curve": a, "b_curve": b,
+           "b_vs_a": b_vs_a, "a_vs_b": a_vs_b, "mixed_run": "prm-mixed-progress-v3-s5", "mixed_curve": prm,
+           "prm_vs_a": bench.compare(a, prm), "prm_vs_b": bench.compare(b, prm), "prm_vs_mean": prm_vs_mean}
+    no_prm = {k: v for k, v in row.items() if not k.startswith(("prm", "mixed_curve"))}
+    section = {"seeds": {"5": row, "6": {**no_prm, "seed": 6}}, "conditions": {"args": {}}}
+    table = "\n".join(bench.render_replicate("prm-replicate (test)", section))
+    # PRM vs A: reaches 0.36 at 300 (0.60) but ends at 0.31, below A's final's interval [0.314-]; vs B at 200
+    assert ("| 5 | 0.200 | 0.360 | 0.330 | 0.40 | yes | 0.80 | no | 0.310 | 0.60 | no | 0.40 | yes | 0.345 | 0.60 | "
+            "yes |") in table
+    assert "| 6 | 0.200 | 0.360 | 0.330 | 0.40 | yes | 0.80 | no | - | - | - | - | - | 0.345 | - | - |" in table
+    assert "Met: B vs A 2 of 2; A vs B 0 of 2; PRM vs A 0 of 1; PRM vs B 1 of 1; PRM vs mean 1 of 1." in table
