@@ -69,9 +69,9 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
         --start_success 0.25 --check_every 500 --policy_episodes 200 --prm progress-v3 --counterfactual \
         --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/stack \
         --tag "stack-any, milestone, w 0.5 annealed to 0"
-    python benchmarks/learned_rewards.py --parts prm-replicate --start_success 0.15 --prm progress-v3 \
-        --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 3 --out /work/exp/s54/weak \
-        --tag "start 0.15, sparse replicate"
+    python benchmarks/learned_rewards.py --parts prm prm-replicate --start_success 0.15 --policy_episodes 200 \
+        --prm progress-v3 --counterfactual --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 \
+        --seeds 0 1 2 3 --out runs/weak --tag "start 0.15"
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
         --out /work/exp/s39/rw --reeval_per_task 100
@@ -370,17 +370,17 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
     if not (first / "metrics.jsonl").exists():
         raise SystemExit(f"no sparse run at {first}: run --parts prm with this --out first")
     t0 = time.perf_counter()
-    second = out / f"prm-sparse-r{REPLICATE_SEED}-s{seed}"
+    second, rl_seed = out / f"prm-sparse-r{REPLICATE_SEED}-s{seed}", seed + REPLICATE_SEED
     quickstart_run(seed, second, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
                    eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start), env=start.env(),
-                   rl_seed=seed + REPLICATE_SEED)
+                   rl_seed=rl_seed)
     a, b = evals(metrics(first)), evals(metrics(second))
     if [step for step, _ in a] != [step for step, _ in b] or abs(a[0][1] - b[0][1]) > 1e-9:
         raise SystemExit(f"{first} and {second} do not share a start and evaluation steps (start {a[0][1]} vs "
                          f"{b[0][1]}; steps {[s for s, _ in a]} vs {[s for s, _ in b]}): use the prm run's "
                          "--iterations and --eval_every")
     mean = [(step, (x + y) / 2) for (step, x), (_, y) in zip(a, b)]
-    row = {"seed": seed, "rl_seed": seed + REPLICATE_SEED, "start": a[0][1], "sparse_steps": a[-1][0],
+    row = {"seed": seed, "rl_seed": rl_seed, "start": a[0][1], "sparse_steps": a[-1][0],
            "a_curve": a, "b_curve": b, "b_vs_a": compare(a, b, eval_episodes), "a_vs_b": compare(b, a, eval_episodes),
            "mixed_run": mixed_dir.name, "wall_s": time.perf_counter() - t0}
     if (mixed_dir / "metrics.jsonl").exists():
@@ -679,7 +679,8 @@ def prm_keys(results: dict[str, Any]) -> list[str]:
 
 
 PRM_CURVES = (("sparse", "sparse_curve"), ("PRM + success", "mixed_curve"))
-REPLICATE_CURVES = (("sparse A", "a_curve"), ("sparse B (RL seed + 100)", "b_curve"), ("PRM + success", "mixed_curve"))
+REPLICATE_CURVES = (("sparse A", "a_curve"), (f"sparse B (RL seed + {REPLICATE_SEED})", "b_curve"),
+                    ("PRM + success", "mixed_curve"))
 
 
 def replicate_keys(results: dict[str, Any]) -> list[str]:
@@ -728,7 +729,8 @@ def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
         return "- | -" if c is None else f"{_ratio(c['step_ratio'])} | {'yes' if c['ok'] else 'no'}"
 
     out = ["", f"### Sparse against sparse: a second RL seed{_variant(key)}", "",
-           "`--parts prm-replicate`: per seed, a second sparse run (B: `{success: 1.0}`, RL seed = seed + 100, so "
+           f"`--parts prm-replicate`: per seed, a second sparse run (B: `{{success: 1.0}}`, RL seed = seed + "
+           f"{REPLICATE_SEED}, so "
            "other training episodes and sampling noise) from the same pre-trained start as the `prm` part's sparse "
            "run (A) under the same `--out`, evaluated on the same 400 held-out episodes at the same env steps."
            f"{_start(sec)} {_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""), "",
