@@ -72,6 +72,9 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts prm prm-replicate --start_success 0.15 --policy_episodes 200 \
         --prm progress-v3 --counterfactual --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 \
         --seeds 0 1 2 3 --out runs/weak --tag "start 0.15"
+    python benchmarks/learned_rewards.py --parts prm-replicate --replicate_prm --start_success 0.15 \
+        --prm progress-v3 --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 \
+        --seeds 0 1 2 3 --out runs/weak --tag "start 0.15, two runs per arm"
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
         --out /work/exp/s39/rw --reeval_per_task 100
@@ -308,9 +311,6 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
              eval_episodes: int, episodes: int = 400, epochs: int = 8, start: Start = Start(),
              name: str = "progress", film: bool = True, counterfactual: bool = False,
              mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None) -> dict[str, Any]:
-    from rewards import RewardConfig
-    from rewards.learned.terms import ProgressTermConfig
-
     prm = model_path(name, seed, out)
     model_row = None
     if not (prm / "config.json").exists():
@@ -321,14 +321,22 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
                    eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start), env=start.env())
     mixed_dir = mixed_run(out, seed, name, mode, weight, anneal)
-    quickstart_run(seed, mixed_dir, RewardConfig(terms={"success": 1.0, "prm": weight},
-                                                 prm=ProgressTermConfig(path=str(prm), mode=mode),
-                                                 anneal={} if anneal is None else {"prm": anneal}),
-                   iterations, eval_every, sft_from=sparse_dir, eval_episodes=eval_episodes, env=start.env())
+    quickstart_run(seed, mixed_dir, prm_reward(prm, weight, mode, anneal), iterations, eval_every,
+                   sft_from=sparse_dir, eval_episodes=eval_episodes, env=start.env())
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     return {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
             "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
             "prm_anneal": anneal, "wall_s": time.perf_counter() - t0, "prm": str(prm), "prm_model": model_row}
+
+
+def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any:
+    """The PRM + success run's RewardConfig: sparse success plus the process reward model at ``prm`` by ``weight``
+    in form ``mode``, annealed to ``anneal`` by the last iteration (None: constant)."""
+    from rewards import RewardConfig
+    from rewards.learned.terms import ProgressTermConfig
+
+    return RewardConfig(terms={"success": 1.0, "prm": weight}, prm=ProgressTermConfig(path=str(prm), mode=mode),
+                        anneal={} if anneal is None else {"prm": anneal})
 
 
 def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None) -> Path:
@@ -359,11 +367,15 @@ REPLICATE_SEED = 100
 
 
 def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, eval_episodes: int,
-                       start: Start, mixed_dir: Path) -> dict[str, Any]:
+                       start: Start, mixed_dir: Path, mixed_reward: Any = None) -> dict[str, Any]:
     """A second sparse run (B) from the seed's pre-trained start, on the same held-out episodes as the ``prm``
     part's sparse run (A), differing only in the RL seed (its training episodes and sampling noise). B against A
     is the target's test on two runs that differ by chance alone; the PRM run (``mixed_dir``, where it exists) is
-    also read against B and against the mean of A and B, a target less moved by one run's luck."""
+    also read against B and against the mean of A and B, a target less moved by one run's luck.
+
+    ``mixed_reward`` (the PRM run's RewardConfig, :func:`prm_reward`): also a second PRM + success run with B's RL
+    seed, so each arm has two runs, and the mean of the PRM runs is read against the mean of the sparse runs (the
+    fair reading of the target at one start). A finished run (its ``report.json``) is read, not run again."""
     from rewards import RewardConfig
 
     first = out / f"prm-sparse-s{seed}"
@@ -371,15 +383,19 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
         raise SystemExit(f"no sparse run at {first}: run --parts prm with this --out first")
     t0 = time.perf_counter()
     second, rl_seed = out / f"prm-sparse-r{REPLICATE_SEED}-s{seed}", seed + REPLICATE_SEED
-    quickstart_run(seed, second, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
-                   eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start), env=start.env(),
-                   rl_seed=rl_seed)
+    runs = [(second, RewardConfig(terms={"success": 1.0}))]
+    mixed_b = mixed_dir.with_name(f"{mixed_dir.name.rsplit('-s', 1)[0]}-r{REPLICATE_SEED}-s{seed}")
+    if mixed_reward is not None:
+        if not (mixed_dir / "metrics.jsonl").exists():
+            raise SystemExit(f"no PRM + success run at {mixed_dir}: run --parts prm with these --prm* settings first")
+        runs.append((mixed_b, mixed_reward))
+    for run, reward in runs:
+        if not (run / "report.json").exists():
+            quickstart_run(seed, run, reward, iterations, eval_every, eval_episodes=eval_episodes,
+                           sft_from=pretrained(seed, out, start), env=start.env(), rl_seed=rl_seed)
     a, b = evals(metrics(first)), evals(metrics(second))
-    if [step for step, _ in a] != [step for step, _ in b] or abs(a[0][1] - b[0][1]) > 1e-9:
-        raise SystemExit(f"{first} and {second} do not share a start and evaluation steps (start {a[0][1]} vs "
-                         f"{b[0][1]}; steps {[s for s, _ in a]} vs {[s for s, _ in b]}): use the prm run's "
-                         "--iterations and --eval_every")
-    mean = [(step, (x + y) / 2) for (step, x), (_, y) in zip(a, b)]
+    same_start(first, a, second, b)
+    mean = mean_curve(a, b)
     row = {"seed": seed, "rl_seed": rl_seed, "start": a[0][1], "sparse_steps": a[-1][0],
            "a_curve": a, "b_curve": b, "b_vs_a": compare(a, b, eval_episodes), "a_vs_b": compare(b, a, eval_episodes),
            "mixed_run": mixed_dir.name, "wall_s": time.perf_counter() - t0}
@@ -387,7 +403,26 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
         mixed = evals(metrics(mixed_dir))
         row.update(mixed_curve=mixed, prm_vs_a=compare(a, mixed, eval_episodes),
                    prm_vs_b=compare(b, mixed, eval_episodes), prm_vs_mean=compare(mean, mixed, eval_episodes))
+        if mixed_reward is not None:
+            mixed2 = evals(metrics(mixed_b))
+            same_start(first, a, mixed_b, mixed2)
+            row.update(mixed_b_run=mixed_b.name, mixed_b_curve=mixed2,
+                       prm_b_vs_mean=compare(mean, mixed2, eval_episodes),
+                       prm_mean_vs_mean=compare(mean, mean_curve(mixed, mixed2), eval_episodes))
     return row
+
+
+def mean_curve(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The mean of two runs' evaluation curves taken at the same env steps (:func:`pooled_curve`)."""
+    return pooled_curve([a, b])
+
+
+def same_start(first: Path, a: list[tuple[int, float]], other: Path, b: list[tuple[int, float]]) -> None:
+    """Stop unless two runs' evaluations share their start's success and their env steps."""
+    if [step for step, _ in a] != [step for step, _ in b] or abs(a[0][1] - b[0][1]) > 1e-9:
+        raise SystemExit(f"{first} and {other} do not share a start and evaluation steps (start {a[0][1]} vs "
+                         f"{b[0][1]}; steps {[s for s, _ in a]} vs {[s for s, _ in b]}): use the prm run's "
+                         "--iterations and --eval_every")
 
 
 def prm_ok(row: dict[str, Any], episodes: int = 400) -> bool:
@@ -680,7 +715,8 @@ def prm_keys(results: dict[str, Any]) -> list[str]:
 
 PRM_CURVES = (("sparse", "sparse_curve"), ("PRM + success", "mixed_curve"))
 REPLICATE_CURVES = (("sparse A", "a_curve"), (f"sparse B (RL seed + {REPLICATE_SEED})", "b_curve"),
-                    ("PRM + success", "mixed_curve"))
+                    ("PRM + success", "mixed_curve"),
+                    (f"PRM + success B (RL seed + {REPLICATE_SEED})", "mixed_b_curve"))
 
 
 def replicate_keys(results: dict[str, Any]) -> list[str]:
@@ -753,9 +789,51 @@ def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
     for name, label in readings.items():
         read = [r[name] for _, r in rows if r.get(name)]
         counts.append(f"{label} {sum(c['ok'] for c in read)} of {len(read)}")
-    out += ["", "Met: " + "; ".join(counts) + ".", "",
-            f"![held-out success of both sparse runs and the PRM run per seed](img/{plot_name(key)})"]
-    return out
+    out += ["", "Met: " + "; ".join(counts) + "."]
+    if any(r.get("mixed_b_curve") for _, r in rows):
+        out += render_two_per_arm(sec)
+    what = "both sparse runs and both PRM runs" if any(r.get("mixed_b_curve") for _, r in rows) else \
+        "both sparse runs and the PRM run"
+    return out + ["", f"![held-out success of {what} per seed](img/{plot_name(key)})"]
+
+
+def render_two_per_arm(sec: dict[str, Any], episodes: int = 400) -> list[str]:
+    """The rows of a ``prm-replicate --replicate_prm`` section with two runs per arm: the PRM target read on the
+    mean curve of the two PRM runs against the mean curve of the two sparse runs, per seed and over every seed's
+    runs together."""
+    rows = [(seed, r) for seed, r in _by_seed(sec) if r.get("mixed_b_curve")]
+    out = ["", f"Two runs per arm: a second PRM + success run per seed (RL seed = seed + {REPLICATE_SEED}, B's), "
+           "so each arm is the mean of two runs that differ only by RL seed. *PRM mean vs sparse mean*: the target "
+           "read on the two mean curves (the sparse mean improved on the start, the PRM mean reaches its final within "
+           "60% of the env steps and does not end below its 95% interval at 400 episodes). *All seeds*: the same "
+           f"reading on the mean of every seed's runs ({2 * len(rows)} runs per arm, intervals at "
+           f"{2 * len(rows) * episodes} episodes).", "",
+           "| seed | start | sparse A | sparse B | sparse mean | PRM A | PRM B | PRM mean | "
+           "PRM B vs sparse mean: ratio | met | PRM mean vs sparse mean: ratio | met |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    sparse_means, prm_means = [], []
+    for seed, r in rows:
+        sparse_mean, prm_mean = mean_curve(r["a_curve"], r["b_curve"]), mean_curve(r["mixed_curve"], r["mixed_b_curve"])
+        sparse_means.append(sparse_mean)
+        prm_means.append(prm_mean)
+        b, m = r["prm_b_vs_mean"], r["prm_mean_vs_mean"]
+        out.append(f"| {seed} | {r['start']:.3f} | {r['a_curve'][-1][1]:.3f} | {r['b_curve'][-1][1]:.3f} | "
+                   f"{sparse_mean[-1][1]:.3f} | {r['mixed_curve'][-1][1]:.3f} | {r['mixed_b_curve'][-1][1]:.3f} | "
+                   f"{prm_mean[-1][1]:.3f} | {_ratio(b['step_ratio'])} | {'yes' if b['ok'] else 'no'} | "
+                   f"{_ratio(m['step_ratio'])} | {'yes' if m['ok'] else 'no'} |")
+    pooled = compare(pooled_curve(sparse_means), pooled_curve(prm_means), 2 * len(rows) * episodes)
+    met_all = "yes" if pooled["ok"] else "no"
+    out.append(f"| all seeds | {pooled_curve(sparse_means)[0][1]:.3f} | | | {pooled['sparse_final']:.3f} | | | "
+               f"{pooled['mixed_final']:.3f} | | | {_ratio(pooled['step_ratio'])} | {met_all} |")
+    met = sum(r["prm_mean_vs_mean"]["ok"] for _, r in rows)
+    return out + ["", f"Met (PRM mean vs sparse mean): {met} of {len(rows)} seeds; over all seeds: {met_all}."]
+
+
+def pooled_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """The mean of several evaluation curves taken at the same env steps."""
+    if any([step for step, _ in c] != [step for step, _ in curves[0]] for c in curves):
+        raise ValueError(f"curves evaluated at different env steps: {[[step for step, _ in c] for c in curves]}")
+    return [(step, sum(c[i][1] for c in curves) / len(curves)) for i, (step, _) in enumerate(curves[0])]
 
 
 def render(results: dict[str, Any]) -> str:
@@ -978,6 +1056,9 @@ def main() -> None:
                    choices=["classifier", "ppo-classifier", "bc-classifier", "prm", "prm-replicate", "curriculum"],
                    help="prm-replicate: after prm with the same --out and --prm* settings, a second sparse run per "
                         "seed with another RL seed (part_prm_replicate)")
+    p.add_argument("--replicate_prm", action="store_true",
+                   help="prm-replicate: also a second PRM + success run per seed with the second sparse run's RL "
+                        "seed, read as the mean of two runs per arm")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=400, help="training and held-out episodes each (classifier)")
     p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
@@ -1087,7 +1168,10 @@ def main() -> None:
                                       args.curriculum_preset)
             elif part == "prm-replicate":
                 mixed = mixed_run(out, seed, args.prm, args.prm_mode, args.prm_weight, args.prm_anneal)
-                row = part_prm_replicate(seed, out, args.iterations, args.eval_every, args.eval_episodes, start, mixed)
+                reward = prm_reward(model_path(args.prm, seed, out), args.prm_weight, args.prm_mode,
+                                    args.prm_anneal) if args.replicate_prm else None
+                row = part_prm_replicate(seed, out, args.iterations, args.eval_every, args.eval_episodes, start, mixed,
+                                         reward)
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,

@@ -165,3 +165,34 @@ def test_a_second_sparse_run_is_read_against_the_first_both_ways_and_the_prm_run
             "yes |") in table
     assert "| 6 | 0.200 | 0.360 | 0.330 | 0.40 | yes | 0.80 | no | - | - | - | - | - | 0.345 | - | - |" in table
     assert "Met: B vs A 2 of 2; A vs B 0 of 2; PRM vs A 0 of 1; PRM vs B 1 of 1; PRM vs mean 1 of 1." in table
+
+
+def test_two_runs_per_arm_read_the_prm_mean_against_the_sparse_mean_per_seed_and_over_all_seeds():
+    a = [(0, 0.20), (100, 0.25), (200, 0.30), (300, 0.32), (400, 0.35), (500, 0.36)]
+    b = [(0, 0.20), (100, 0.22), (200, 0.37), (300, 0.30), (400, 0.31), (500, 0.33)]
+    prm_a = [(0, 0.20), (100, 0.30), (200, 0.33), (300, 0.40), (400, 0.34), (500, 0.31)]
+    prm_b = [(0, 0.20), (100, 0.24), (200, 0.26), (300, 0.28), (400, 0.30), (500, 0.29)]
+    sparse_mean, prm_mean = bench.mean_curve(a, b), bench.mean_curve(prm_a, prm_b)
+    # the sparse mean ends at 0.345; the PRM mean peaks at 0.34 (300) and ends at 0.30: never reached
+    assert bench.compare(sparse_mean, prm_mean)["step_ratio"] != bench.compare(sparse_mean, prm_mean)["step_ratio"]
+
+    def row(seed: int, prm_b: list[tuple[int, float]]) -> dict:
+        return {"seed": seed, "rl_seed": seed + 100, "start": 0.2, "sparse_steps": 500, "a_curve": a, "b_curve": b,
+                "b_vs_a": bench.compare(a, b), "a_vs_b": bench.compare(b, a), "mixed_run": f"prm-mixed-s{seed}",
+                "mixed_curve": prm_a, "prm_vs_a": bench.compare(a, prm_a), "prm_vs_b": bench.compare(b, prm_a),
+                "prm_vs_mean": bench.compare(sparse_mean, prm_a), "mixed_b_curve": prm_b,
+                "prm_b_vs_mean": bench.compare(sparse_mean, prm_b),
+                "prm_mean_vs_mean": bench.compare(sparse_mean, bench.mean_curve(prm_a, prm_b))}
+
+    lucky = [(0, 0.20), (100, 0.36), (200, 0.40), (300, 0.41), (400, 0.40), (500, 0.42)]
+    section = {"seeds": {"5": row(5, prm_b), "6": row(6, lucky)}, "conditions": {"args": {}}}
+    table = "\n".join(bench.render_replicate("prm-replicate (test)", section))
+    assert "| 5 | 0.200 | 0.360 | 0.330 | 0.345 | 0.310 | 0.290 | 0.300 | - | no | - | no |" in table
+    # seed 6: the PRM mean 0.33 / 0.365 reaches 0.345 at 200 (0.40) and ends at 0.365: met
+    assert "| 6 | 0.200 | 0.360 | 0.330 | 0.345 | 0.310 | 0.420 | 0.365 | 0.20 | yes | 0.40 | yes |" in table
+    # over both seeds the PRM mean (0.30 / 0.33 / 0.3725 / 0.345 / 0.3325) reaches 0.345 at 300 and ends inside
+    # its interval at 1,600 episodes [0.322-]
+    assert "| all seeds | 0.200 | | | 0.345 | | | 0.333 | | | 0.60 | yes |" in table
+    assert "Met (PRM mean vs sparse mean): 1 of 2 seeds; over all seeds: yes." in table
+    with pytest.raises(ValueError, match="different env steps"):
+        bench.pooled_curve([a, a[:-1]])
