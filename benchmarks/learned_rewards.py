@@ -384,8 +384,8 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
     t0 = time.perf_counter()
     second, rl_seed = out / f"prm-sparse-r{REPLICATE_SEED}-s{seed}", seed + REPLICATE_SEED
     runs = [(second, RewardConfig(terms={"success": 1.0}))]
-    mixed_b = mixed_dir.with_name(f"{mixed_dir.name.rsplit('-s', 1)[0]}-r{REPLICATE_SEED}-s{seed}")
     if mixed_reward is not None:
+        mixed_b = mixed_dir.with_name(f"{mixed_dir.name.rsplit('-s', 1)[0]}-r{REPLICATE_SEED}-s{seed}")
         if not (mixed_dir / "metrics.jsonl").exists():
             raise SystemExit(f"no PRM + success run at {mixed_dir}: run --parts prm with these --prm* settings first")
         runs.append((mixed_b, mixed_reward))
@@ -395,7 +395,7 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
                            sft_from=pretrained(seed, out, start), env=start.env(), rl_seed=rl_seed)
     a, b = evals(metrics(first)), evals(metrics(second))
     same_start(first, a, second, b)
-    mean = mean_curve(a, b)
+    mean = pooled_curve([a, b])
     row = {"seed": seed, "rl_seed": rl_seed, "start": a[0][1], "sparse_steps": a[-1][0],
            "a_curve": a, "b_curve": b, "b_vs_a": compare(a, b, eval_episodes), "a_vs_b": compare(b, a, eval_episodes),
            "mixed_run": mixed_dir.name, "wall_s": time.perf_counter() - t0}
@@ -408,13 +408,8 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
             same_start(first, a, mixed_b, mixed2)
             row.update(mixed_b_run=mixed_b.name, mixed_b_curve=mixed2,
                        prm_b_vs_mean=compare(mean, mixed2, eval_episodes),
-                       prm_mean_vs_mean=compare(mean, mean_curve(mixed, mixed2), eval_episodes))
+                       prm_mean_vs_mean=compare(mean, pooled_curve([mixed, mixed2]), eval_episodes))
     return row
-
-
-def mean_curve(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """The mean of two runs' evaluation curves taken at the same env steps (:func:`pooled_curve`)."""
-    return pooled_curve([a, b])
 
 
 def same_start(first: Path, a: list[tuple[int, float]], other: Path, b: list[tuple[int, float]]) -> None:
@@ -790,10 +785,10 @@ def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
         read = [r[name] for _, r in rows if r.get(name)]
         counts.append(f"{label} {sum(c['ok'] for c in read)} of {len(read)}")
     out += ["", "Met: " + "; ".join(counts) + "."]
-    if any(r.get("mixed_b_curve") for _, r in rows):
+    two_per_arm = any(r.get("mixed_b_curve") for _, r in rows)
+    if two_per_arm:
         out += render_two_per_arm(sec)
-    what = "both sparse runs and both PRM runs" if any(r.get("mixed_b_curve") for _, r in rows) else \
-        "both sparse runs and the PRM run"
+    what = "both sparse runs and both PRM runs" if two_per_arm else "both sparse runs and the PRM run"
     return out + ["", f"![held-out success of {what} per seed](img/{plot_name(key)})"]
 
 
@@ -805,15 +800,16 @@ def render_two_per_arm(sec: dict[str, Any], episodes: int = 400) -> list[str]:
     out = ["", f"Two runs per arm: a second PRM + success run per seed (RL seed = seed + {REPLICATE_SEED}, B's), "
            "so each arm is the mean of two runs that differ only by RL seed. *PRM mean vs sparse mean*: the target "
            "read on the two mean curves (the sparse mean improved on the start, the PRM mean reaches its final within "
-           "60% of the env steps and does not end below its 95% interval at 400 episodes). *All seeds*: the same "
-           f"reading on the mean of every seed's runs ({2 * len(rows)} runs per arm, intervals at "
+           f"60% of the env steps and does not end below its 95% interval at {episodes} episodes). *All seeds*: the "
+           f"same reading on the mean of every seed's runs ({2 * len(rows)} runs per arm, intervals at "
            f"{2 * len(rows) * episodes} episodes).", "",
            "| seed | start | sparse A | sparse B | sparse mean | PRM A | PRM B | PRM mean | "
            "PRM B vs sparse mean: ratio | met | PRM mean vs sparse mean: ratio | met |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     sparse_means, prm_means = [], []
     for seed, r in rows:
-        sparse_mean, prm_mean = mean_curve(r["a_curve"], r["b_curve"]), mean_curve(r["mixed_curve"], r["mixed_b_curve"])
+        sparse_mean = pooled_curve([r["a_curve"], r["b_curve"]])
+        prm_mean = pooled_curve([r["mixed_curve"], r["mixed_b_curve"]])
         sparse_means.append(sparse_mean)
         prm_means.append(prm_mean)
         b, m = r["prm_b_vs_mean"], r["prm_mean_vs_mean"]
@@ -821,9 +817,10 @@ def render_two_per_arm(sec: dict[str, Any], episodes: int = 400) -> list[str]:
                    f"{sparse_mean[-1][1]:.3f} | {r['mixed_curve'][-1][1]:.3f} | {r['mixed_b_curve'][-1][1]:.3f} | "
                    f"{prm_mean[-1][1]:.3f} | {_ratio(b['step_ratio'])} | {'yes' if b['ok'] else 'no'} | "
                    f"{_ratio(m['step_ratio'])} | {'yes' if m['ok'] else 'no'} |")
-    pooled = compare(pooled_curve(sparse_means), pooled_curve(prm_means), 2 * len(rows) * episodes)
+    all_sparse = pooled_curve(sparse_means)
+    pooled = compare(all_sparse, pooled_curve(prm_means), 2 * len(rows) * episodes)
     met_all = "yes" if pooled["ok"] else "no"
-    out.append(f"| all seeds | {pooled_curve(sparse_means)[0][1]:.3f} | | | {pooled['sparse_final']:.3f} | | | "
+    out.append(f"| all seeds | {all_sparse[0][1]:.3f} | | | {pooled['sparse_final']:.3f} | | | "
                f"{pooled['mixed_final']:.3f} | | | {_ratio(pooled['step_ratio'])} | {met_all} |")
     met = sum(r["prm_mean_vs_mean"]["ok"] for _, r in rows)
     return out + ["", f"Met (PRM mean vs sparse mean): {met} of {len(rows)} seeds; over all seeds: {met_all}."]
