@@ -32,7 +32,10 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   and so does ``--prm_anneal W`` (the prm weight moves linearly to ``W`` by the run's last iteration:
   ``reward.anneal``). ``--env`` runs it on another tabletop task, e.g. ``mujoco/stack-any`` (reach, grasp, lift,
   place: the single-skill task with the most stages), with its own pre-trained start (``--demos``, ``--sft_steps``,
-  ``--start_success``, ``--check_every``) in an ``--out`` of its own.
+  ``--start_success``, ``--check_every``) in an ``--out`` of its own. ``--lr_actor X`` runs both arms at PPO actor
+  step X instead of the preset's (a dense reward may carry a larger step than the sparse one does), names their
+  folders by it, and also reads the PRM run against the preset's own sparse runs under ``--out`` (run A, and the
+  mean of A and the ``prm-replicate`` run B).
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -75,6 +78,9 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts prm-replicate --replicate_prm --start_success 0.15 \
         --prm progress-v3 --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 \
         --seeds 0 1 2 3 --out runs/weak --tag "start 0.15, two runs per arm"
+    python benchmarks/learned_rewards.py --parts prm --lr_actor 1e-4 --start_success 0.15 --prm progress-v3 \
+        --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/weak \
+        --tag "start 0.15, actor step 1e-4"
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
         --out /work/exp/s39/rw --reeval_per_task 100
@@ -310,23 +316,54 @@ def part_ppo_classifier(seed: int, out: Path, iterations: int, eval_episodes: in
 def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: float,
              eval_episodes: int, episodes: int = 400, epochs: int = 8, start: Start = Start(),
              name: str = "progress", film: bool = True, counterfactual: bool = False,
-             mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None) -> dict[str, Any]:
+             mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None,
+             lr_actor: float | None = None) -> dict[str, Any]:
+    """The PRM + success run against the sparse run from the seed's pre-trained start (the PRM trained first if
+    its folder is missing). ``lr_actor``: both runs' PPO actor step in place of the preset's (their folders named
+    by it); the PRM run is then also read against the preset's own sparse runs where they exist (``vs_preset``:
+    against ``prm-sparse-s<seed>``, and against its mean with the ``prm-replicate`` run B), the sparse reward at
+    the step it learns best with. A finished run (its ``report.json``) is read, not run again."""
+    from rewards import RewardConfig
+
     prm = model_path(name, seed, out)
     model_row = None
     if not (prm / "config.json").exists():
         model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
                                counterfactual=counterfactual, start=start)
     t0 = time.perf_counter()
-    sparse_dir = out / f"prm-sparse-s{seed}"
-    quickstart_run(seed, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, eval_every,
-                   eval_episodes=eval_episodes, sft_from=pretrained(seed, out, start), env=start.env())
-    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal)
-    quickstart_run(seed, mixed_dir, prm_reward(prm, weight, mode, anneal), iterations, eval_every,
-                   sft_from=sparse_dir, eval_episodes=eval_episodes, env=start.env())
+    lr = "" if lr_actor is None else f"-lr{lr_actor:g}"
+    sparse_dir = out / f"prm-sparse{lr}-s{seed}"
+    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor)
+    algo = None if lr_actor is None else {"lr_actor": lr_actor}
+    for run, reward in ((mixed_dir, prm_reward(prm, weight, mode, anneal)),
+                        (sparse_dir, RewardConfig(terms={"success": 1.0}))):
+        if not (run / "report.json").exists():
+            quickstart_run(seed, run, reward, iterations, eval_every, eval_episodes=eval_episodes,
+                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo)
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
-    return {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
-            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
-            "prm_anneal": anneal, "wall_s": time.perf_counter() - t0, "prm": str(prm), "prm_model": model_row}
+    same_start(sparse_dir, sparse, mixed_dir, mixed)
+    row = {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
+           "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
+           "prm_anneal": anneal, "lr_actor": lr_actor, "wall_s": time.perf_counter() - t0, "prm": str(prm),
+           "prm_model": model_row}
+    if lr_actor is not None:
+        row.update(vs_preset(out, seed, mixed, eval_episodes))
+    return row
+
+
+def vs_preset(out: Path, seed: int, mixed: list[tuple[int, float]], episodes: int) -> dict[str, Any]:
+    """A PRM run at another actor step read against the preset's sparse runs of the seed under ``out`` (those that
+    exist and share its start and evaluation steps): run A (``prm-sparse-s<seed>``) and, with B (the
+    ``prm-replicate`` run), the mean of the two."""
+    curves = [evals(metrics(d)) for d in (out / f"prm-sparse-s{seed}", out / f"prm-sparse-r{REPLICATE_SEED}-s{seed}")
+              if (d / "metrics.jsonl").exists()]
+    curves = [c for c in curves if [s for s, _ in c] == [s for s, _ in mixed] and abs(c[0][1] - mixed[0][1]) < 1e-9]
+    if not curves:
+        return {}
+    row = {"preset_a_curve": curves[0], "vs_preset_a": compare(curves[0], mixed, episodes)}
+    if len(curves) == 2:
+        row.update(preset_b_curve=curves[1], vs_preset_mean=compare(pooled_curve(curves), mixed, episodes))
+    return row
 
 
 def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any:
@@ -339,10 +376,12 @@ def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any
                         anneal={} if anneal is None else {"prm": anneal})
 
 
-def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None) -> Path:
+def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None,
+              lr_actor: float | None = None) -> Path:
     """The run folder of the PRM + success run of ``seed`` with these ``--prm*`` settings (``--prm``'s help)."""
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
-               + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}"))
+               + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}")
+               + ("" if lr_actor is None else f"-lr{lr_actor:g}"))
     return out / f"prm-mixed{variant}-s{seed}"
 
 
@@ -708,7 +747,8 @@ def prm_keys(results: dict[str, Any]) -> list[str]:
     return [k for k in results if k.split(" (")[0] == "prm"]
 
 
-PRM_CURVES = (("sparse", "sparse_curve"), ("PRM + success", "mixed_curve"))
+PRM_CURVES = (("sparse", "sparse_curve"), ("PRM + success", "mixed_curve"),
+              ("sparse, preset step, A", "preset_a_curve"), ("sparse, preset step, B", "preset_b_curve"))
 REPLICATE_CURVES = (("sparse A", "a_curve"), (f"sparse B (RL seed + {REPLICATE_SEED})", "b_curve"),
                     ("PRM + success", "mixed_curve"),
                     (f"PRM + success B (RL seed + {REPLICATE_SEED})", "mixed_b_curve"))
@@ -746,6 +786,38 @@ def plot_prm(section: dict[str, Any], path: Path, curves: tuple[tuple[str, str],
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def preset_lr_actor() -> float:
+    """The ``quickstart_ppo`` preset's PPO actor step, which ``--lr_actor`` runs are read against."""
+    from vla_rl.cli import parse_config
+    from vla_rl.commands import quickstart as qs
+
+    return parse_config(qs.QuickstartConfig, ["--preset", "quickstart_ppo"]).algo.lr_actor
+
+
+def render_vs_preset(sec: dict[str, Any]) -> list[str]:
+    """For a ``prm`` section run at another actor step (``--lr_actor``): its PRM runs read against the preset's
+    sparse runs of the same start (:func:`vs_preset`), A alone and the mean of A and B; empty if it has none."""
+    rows = [(seed, r) for seed, r in _by_seed(sec) if r.get("vs_preset_a")]
+    if not rows:
+        return []
+
+    def cells(c: dict[str, Any] | None) -> str:
+        if c is None:
+            return "- | - | - | -"
+        reached = c["mixed_steps_to_sparse_final"]
+        return (f"{c['sparse_final']:.3f} | {'-' if reached is None else f'{reached:,}'} | {_ratio(c['step_ratio'])} "
+                f"| {'yes' if c['ok'] else 'no'}")
+
+    out = ["", f"The same PRM runs against the preset's sparse runs from the same start (actor step "
+           f"{preset_lr_actor():g}, the step the sparse reward learns best with: larger steps hurt it, \"RL ceiling on "
+           "`mujoco/pick-any`\"): its run A, and the mean of A and B (B: RL seed + "
+           f"{REPLICATE_SEED}, `--parts prm-replicate`).", "",
+           "| seed | A final | PRM steps to it | ratio | met | mean of A and B final | PRM steps to it | ratio | met |",
+           "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    out += [f"| {seed} | {cells(r['vs_preset_a'])} | {cells(r.get('vs_preset_mean'))} |" for seed, r in rows]
+    return out
 
 
 def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
@@ -918,6 +990,9 @@ def render(results: dict[str, Any]) -> str:
         anneal = first.get("prm_anneal")
         fade = (f" The prm weight moved linearly from {weight:g} to {anneal:g} over the run (`--reward.anneal "
                 f"'{{prm: {anneal:g}}}'`)." if anneal is not None else "")
+        lr = first.get("lr_actor")
+        fade += (f" Both runs' PPO actor step is {lr:g} (`--algo.lr_actor`), not the preset's {preset_lr_actor():g}."
+                 if lr is not None else "")
         out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "
@@ -939,6 +1014,7 @@ def render(results: dict[str, Any]) -> str:
                        f"{r['sparse_steps']:,} | {r['mixed_final']:.3f} | "
                        f"{'-' if reached is None else f'{reached:,}'} | {_ratio(r['step_ratio'])} | "
                        f"{'yes' if prm_ok(r) else 'no'} | {_ratio(smooth)} |")
+        out += render_vs_preset(sec)
         out += ["", f"![held-out success of the sparse and the PRM run per seed](img/{plot_name(key)})"]
     for key in replicate_keys(results):
         out += render_replicate(key, results[key])
@@ -1081,6 +1157,9 @@ def main() -> None:
     p.add_argument("--prm_anneal", type=float, default=None,
                    help="prm: the weight the prm term reaches at the run's last iteration, linearly from --prm_weight "
                         "(reward.anneal; names the mixed run -a<weight>)")
+    p.add_argument("--lr_actor", type=float, default=None,
+                   help="prm: both runs' PPO actor step (the preset's: 3e-5); names their folders, and the PRM run is "
+                        "also read against the preset's sparse runs under --out")
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
                         "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>][-a<anneal>]-s<seed>")
@@ -1172,7 +1251,8 @@ def main() -> None:
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,
-                               args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal)
+                               args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal,
+                               args.lr_actor)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"

@@ -197,3 +197,40 @@ def test_two_runs_per_arm_read_the_prm_mean_against_the_sparse_mean_per_seed_and
     assert "Met (PRM mean vs sparse mean): 1 of 2 seeds; over all seeds: yes." in table
     with pytest.raises(ValueError, match="different env steps"):
         bench.pooled_curve([a, a[:-1]])
+
+
+def _run(folder, curve):
+    folder.mkdir(parents=True)
+    folder.joinpath("metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "eval/success": v}) + "\n" + json.dumps({"step": s + 1, "rollout/success": 0.1}) + "\n"
+        for s, v in curve))
+
+
+def test_a_prm_run_at_another_actor_step_is_also_read_against_the_presets_sparse_runs(tmp_path):
+    a = [(0, 0.20), (100, 0.25), (200, 0.30), (300, 0.32), (400, 0.35), (500, 0.36)]
+    b = [(0, 0.20), (100, 0.22), (200, 0.37), (300, 0.30), (400, 0.31), (500, 0.33)]
+    prm = [(0, 0.20), (100, 0.30), (200, 0.35), (300, 0.40), (400, 0.34), (500, 0.38)]
+    assert bench.mixed_run(tmp_path, 5, "progress-v3", "milestone", 0.5, 0.0, 1e-4).name == \
+        "prm-mixed-progress-v3-milestone-w0.5-a0-lr0.0001-s5"
+    assert bench.vs_preset(tmp_path, 5, prm, 400) == {}  # no preset runs: nothing to read
+    _run(tmp_path / "prm-sparse-s5", a)
+    _run(tmp_path / "prm-sparse-r100-s6", b)  # another seed's B is not this seed's
+    only_a = bench.vs_preset(tmp_path, 5, prm, 400)
+    assert set(only_a) == {"preset_a_curve", "vs_preset_a"} and only_a["preset_a_curve"] == a
+    _run(tmp_path / "prm-sparse-r100-s5", b)
+    row = bench.vs_preset(tmp_path, 5, prm, 400)
+    # A's final 0.36: reached at 300 (0.60), the PRM ends at 0.38; the mean's 0.345 at 200 (0.40)
+    assert (row["vs_preset_a"]["step_ratio"], row["vs_preset_a"]["ok"]) == (0.6, True)
+    assert row["vs_preset_mean"]["sparse_final"] == pytest.approx(0.345)
+    assert (row["vs_preset_mean"]["step_ratio"], row["vs_preset_mean"]["ok"]) == (0.4, True)
+    assert bench.vs_preset(tmp_path, 5, prm[:-1], 400) == {}  # evaluated at other steps: not comparable
+    other_start = [(0, 0.25)] + prm[1:]
+    assert bench.vs_preset(tmp_path, 5, other_start, 400) == {}
+    section = {"seeds": {"5": {"seed": 5, **row}, "6": {"seed": 6, "vs_preset_a": only_a["vs_preset_a"]},
+                         "7": {"seed": 7}}}
+    table = "\n".join(bench.render_vs_preset(section))
+    assert "actor step 3e-05" in table
+    assert "| 5 | 0.360 | 300 | 0.60 | yes | 0.345 | 200 | 0.40 | yes |" in table
+    assert "| 6 | 0.360 | 300 | 0.60 | yes | - | - | - | - |" in table
+    assert "| 7 |" not in table
+    assert bench.render_vs_preset({"seeds": {"7": {"seed": 7}}}) == []
