@@ -345,7 +345,9 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     row = {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
            "prm_anneal": anneal, "lr_actor": lr_actor, "wall_s": time.perf_counter() - t0, "prm": str(prm),
-           "prm_model": model_row}
+           "prm_model": model_row,  # each run's own wall time, also where it was read rather than run here
+           "runs_wall_s": {run.name: json.loads((run / "report.json").read_text()).get("wall_seconds")
+                           for run in (sparse_dir, mixed_dir)}}
     if lr_actor is not None:
         row.update(vs_preset(out, seed, mixed, eval_episodes))
     return row
