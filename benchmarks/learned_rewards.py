@@ -331,8 +331,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
         model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
                                counterfactual=counterfactual, start=start)
     t0 = time.perf_counter()
-    lr = "" if lr_actor is None else f"-lr{lr_actor:g}"
-    sparse_dir = out / f"prm-sparse{lr}-s{seed}"
+    sparse_dir = sparse_run(out, seed, lr_actor)
     mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor)
     algo = None if lr_actor is None else {"lr_actor": lr_actor}
     for run, reward in ((mixed_dir, prm_reward(prm, weight, mode, anneal)),
@@ -357,9 +356,9 @@ def vs_preset(out: Path, seed: int, mixed: list[tuple[int, float]], episodes: in
     """A PRM run at another actor step read against the preset's sparse runs of the seed under ``out`` (those that
     exist and share its start and evaluation steps): run A (``prm-sparse-s<seed>``) and, with B (the
     ``prm-replicate`` run), the mean of the two."""
-    curves = [evals(metrics(d)) for d in (out / f"prm-sparse-s{seed}", out / f"prm-sparse-r{REPLICATE_SEED}-s{seed}")
+    curves = [evals(metrics(d)) for d in (sparse_run(out, seed), sparse_run(out, seed, replicate=True))
               if (d / "metrics.jsonl").exists()]
-    curves = [c for c in curves if [s for s, _ in c] == [s for s, _ in mixed] and abs(c[0][1] - mixed[0][1]) < 1e-9]
+    curves = [c for c in curves if shares_start(c, mixed)]
     if not curves:
         return {}
     row = {"preset_a_curve": curves[0], "vs_preset_a": compare(curves[0], mixed, episodes)}
@@ -378,12 +377,23 @@ def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any
                         anneal={} if anneal is None else {"prm": anneal})
 
 
+def sparse_run(out: Path, seed: int, lr_actor: float | None = None, replicate: bool = False) -> Path:
+    """The run folder of a sparse run of ``seed``: the ``prm`` part's (A), or with ``replicate`` the
+    ``prm-replicate`` part's (B, RL seed + :data:`REPLICATE_SEED`); named by ``--lr_actor`` where it is set."""
+    return out / (f"prm-sparse{_lr_suffix(lr_actor)}" + (f"-r{REPLICATE_SEED}" if replicate else "") + f"-s{seed}")
+
+
+def _lr_suffix(lr_actor: float | None) -> str:
+    """``-lr<step>`` in a run folder's name for a run at another PPO actor step (``--lr_actor``), else empty."""
+    return "" if lr_actor is None else f"-lr{lr_actor:g}"
+
+
 def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None,
               lr_actor: float | None = None) -> Path:
     """The run folder of the PRM + success run of ``seed`` with these ``--prm*`` settings (``--prm``'s help)."""
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
                + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}")
-               + ("" if lr_actor is None else f"-lr{lr_actor:g}"))
+               + _lr_suffix(lr_actor))
     return out / f"prm-mixed{variant}-s{seed}"
 
 
@@ -419,11 +429,11 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
     fair reading of the target at one start). A finished run (its ``report.json``) is read, not run again."""
     from rewards import RewardConfig
 
-    first = out / f"prm-sparse-s{seed}"
+    first = sparse_run(out, seed)
     if not (first / "metrics.jsonl").exists():
         raise SystemExit(f"no sparse run at {first}: run --parts prm with this --out first")
     t0 = time.perf_counter()
-    second, rl_seed = out / f"prm-sparse-r{REPLICATE_SEED}-s{seed}", seed + REPLICATE_SEED
+    second, rl_seed = sparse_run(out, seed, replicate=True), seed + REPLICATE_SEED
     runs = [(second, RewardConfig(terms={"success": 1.0}))]
     if mixed_reward is not None:
         mixed_b = mixed_dir.with_name(f"{mixed_dir.name.rsplit('-s', 1)[0]}-r{REPLICATE_SEED}-s{seed}")
@@ -453,9 +463,15 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
     return row
 
 
+def shares_start(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
+    """Two runs' evaluations share their start's success and their env steps (they can be read against each
+    other)."""
+    return [step for step, _ in a] == [step for step, _ in b] and abs(a[0][1] - b[0][1]) <= 1e-9
+
+
 def same_start(first: Path, a: list[tuple[int, float]], other: Path, b: list[tuple[int, float]]) -> None:
     """Stop unless two runs' evaluations share their start's success and their env steps."""
-    if [step for step, _ in a] != [step for step, _ in b] or abs(a[0][1] - b[0][1]) > 1e-9:
+    if not shares_start(a, b):
         raise SystemExit(f"{first} and {other} do not share a start and evaluation steps (start {a[0][1]} vs "
                          f"{b[0][1]}; steps {[s for s, _ in a]} vs {[s for s, _ in b]}): use the prm run's "
                          "--iterations and --eval_every")
@@ -993,12 +1009,12 @@ def render(results: dict[str, Any]) -> str:
         fade = (f" The prm weight moved linearly from {weight:g} to {anneal:g} over the run (`--reward.anneal "
                 f"'{{prm: {anneal:g}}}'`)." if anneal is not None else "")
         lr = first.get("lr_actor")
-        fade += (f" Both runs' PPO actor step is {lr:g} (`--algo.lr_actor`), not the preset's {preset_lr_actor():g}."
-                 if lr is not None else "")
+        step = (f" Both runs' PPO actor step is {lr:g} (`--algo.lr_actor`), not the preset's {preset_lr_actor():g}."
+                if lr is not None else "")
         out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "
-                f"({first['mixed_curve'][1][0]:,} env steps) on 400 held-out episodes.{_start(sec)}{data}{fade} "
+                f"({first['mixed_curve'][1][0]:,} env steps) on 400 held-out episodes.{_start(sec)}{data}{fade}{step} "
                 f"{_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""), "",
                 "*Sparse improved*: the sparse run's final lies above the start's 95% interval (otherwise matching it "
                 "says nothing about sample efficiency and the row cannot meet the target). *Met*: the sparse run "
