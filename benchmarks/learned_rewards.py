@@ -35,7 +35,8 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   ``--start_success``, ``--check_every``) in an ``--out`` of its own. ``--lr_actor X`` runs both arms at PPO actor
   step X instead of the preset's (a dense reward may carry a larger step than the sparse one does), names their
   folders by it, and also reads the PRM run against the preset's own sparse runs under ``--out`` (run A, and the
-  mean of A and the ``prm-replicate`` run B).
+  mean of A and the ``prm-replicate`` run B). ``--ema D`` evaluates (and checkpoints) both arms' moving average of
+  the weights (``--eval.ema D``, :mod:`vla_rl.ema`) and names their folders ``-ema<D>``.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -81,6 +82,9 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts prm --lr_actor 1e-4 --start_success 0.15 --prm progress-v3 \
         --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/weak \
         --tag "start 0.15, actor step 1e-4"
+    python benchmarks/learned_rewards.py --parts prm --ema 0.95 --start_success 0.15 --prm progress-v3 \
+        --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/weak \
+        --tag "start 0.15, EMA 0.95"
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
         --out /work/exp/s39/rw --reeval_per_task 100
@@ -227,14 +231,15 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
                    sft_from: Path | None = None, eval_episodes: int = 400, preset: str = "quickstart_ppo",
                    env: Any = None, per_task: int = 0, start: Start | None = None, algo: dict[str, Any] | None = None,
-                   rl_seed: int | None = None, **fields: Any) -> dict[str, Any]:
+                   rl_seed: int | None = None, ema: float = 0.0, **fields: Any) -> dict[str, Any]:
     """``vla-rl quickstart`` (``preset``; empty = its defaults) with the RL stage's reward replaced by ``reward``
     (a RewardConfig; None = the preset's), the env by ``env`` (an EnvConfig), the evaluation by the ``per_task``
     protocol with that many episodes per task (0 = the quickstart's seeded episodes) and other QuickstartConfig
     ``fields`` set, and the preset's learner config with ``algo``'s fields; ``sft_from``: a run folder whose
     pre-trained policy this run starts from; ``start``: the task and pre-training of a run that pre-trains
     (:func:`pretrained`; its env unless ``env`` is given); ``rl_seed``: the RL stage's seed (its training episodes
-    and sampling noise) in place of ``seed``, the evaluation keeping ``seed``'s held-out episodes."""
+    and sampling noise) in place of ``seed``, the evaluation keeping ``seed``'s held-out episodes; ``ema``: the RL
+    stage evaluates this moving average of its weights (``--eval.ema``; 0: the weights as trained)."""
     import shutil
 
     from vla_rl.cli import parse_config
@@ -251,6 +256,8 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
         if per_task:
             train = dataclasses.replace(train, eval=dataclasses.replace(
                 train.eval, protocol="per_task", episodes_per_task=per_task))
+        if ema:
+            train = dataclasses.replace(train, eval=dataclasses.replace(train.eval, ema=ema))
         return train
 
     qs._train_config = patched
@@ -317,12 +324,13 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
              eval_episodes: int, episodes: int = 400, epochs: int = 8, start: Start = Start(),
              name: str = "progress", film: bool = True, counterfactual: bool = False,
              mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None,
-             lr_actor: float | None = None) -> dict[str, Any]:
+             lr_actor: float | None = None, ema: float = 0.0) -> dict[str, Any]:
     """The PRM + success run against the sparse run from the seed's pre-trained start (the PRM trained first if
     its folder is missing). ``lr_actor``: both runs' PPO actor step in place of the preset's (their folders named
     by it); the PRM run is then also read against the preset's own sparse runs where they exist (``vs_preset``:
     against ``prm-sparse-s<seed>``, and against its mean with the ``prm-replicate`` run B), the sparse reward at
-    the step it learns best with. A finished run (its ``report.json``) is read, not run again."""
+    the step it learns best with. ``ema``: both runs evaluate that moving average of their weights (their folders
+    named by it). A finished run (its ``report.json``) is read, not run again."""
     from rewards import RewardConfig
 
     prm = model_path(name, seed, out)
@@ -331,19 +339,19 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
         model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
                                counterfactual=counterfactual, start=start)
     t0 = time.perf_counter()
-    sparse_dir = sparse_run(out, seed, lr_actor)
-    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor)
+    sparse_dir = sparse_run(out, seed, lr_actor, ema=ema)
+    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema)
     algo = None if lr_actor is None else {"lr_actor": lr_actor}
     for run, reward in ((mixed_dir, prm_reward(prm, weight, mode, anneal)),
                         (sparse_dir, RewardConfig(terms={"success": 1.0}))):
         if not (run / "report.json").exists():
             quickstart_run(seed, run, reward, iterations, eval_every, eval_episodes=eval_episodes,
-                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo)
+                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, ema=ema)
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     same_start(sparse_dir, sparse, mixed_dir, mixed)
     row = {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
-           "prm_anneal": anneal, "lr_actor": lr_actor, "wall_s": time.perf_counter() - t0, "prm": str(prm),
+           "prm_anneal": anneal, "lr_actor": lr_actor, "ema": ema, "wall_s": time.perf_counter() - t0, "prm": str(prm),
            "prm_model": model_row,  # each run's own wall time, also where it was read rather than run here
            "runs_wall_s": {run.name: json.loads((run / "report.json").read_text()).get("wall_seconds")
                            for run in (sparse_dir, mixed_dir)}}
@@ -377,23 +385,25 @@ def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any
                         anneal={} if anneal is None else {"prm": anneal})
 
 
-def sparse_run(out: Path, seed: int, lr_actor: float | None = None, replicate: bool = False) -> Path:
+def sparse_run(out: Path, seed: int, lr_actor: float | None = None, replicate: bool = False, ema: float = 0.0) -> Path:
     """The run folder of a sparse run of ``seed``: the ``prm`` part's (A), or with ``replicate`` the
-    ``prm-replicate`` part's (B, RL seed + :data:`REPLICATE_SEED`); named by ``--lr_actor`` where it is set."""
-    return out / (f"prm-sparse{_lr_suffix(lr_actor)}" + (f"-r{REPLICATE_SEED}" if replicate else "") + f"-s{seed}")
+    ``prm-replicate`` part's (B, RL seed + :data:`REPLICATE_SEED`); named by ``--lr_actor`` and ``--ema`` where set."""
+    return out / (f"prm-sparse{_run_suffix(lr_actor, ema)}" + (f"-r{REPLICATE_SEED}" if replicate else "")
+                  + f"-s{seed}")
 
 
-def _lr_suffix(lr_actor: float | None) -> str:
-    """``-lr<step>`` in a run folder's name for a run at another PPO actor step (``--lr_actor``), else empty."""
-    return "" if lr_actor is None else f"-lr{lr_actor:g}"
+def _run_suffix(lr_actor: float | None, ema: float = 0.0) -> str:
+    """``-lr<step>`` in a run folder's name for a run at another PPO actor step (``--lr_actor``) and ``-ema<decay>``
+    for one that evaluates the moving average of its weights (``--ema``); empty for the preset's runs."""
+    return ("" if lr_actor is None else f"-lr{lr_actor:g}") + (f"-ema{ema:g}" if ema else "")
 
 
 def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None,
-              lr_actor: float | None = None) -> Path:
+              lr_actor: float | None = None, ema: float = 0.0) -> Path:
     """The run folder of the PRM + success run of ``seed`` with these ``--prm*`` settings (``--prm``'s help)."""
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
                + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}")
-               + _lr_suffix(lr_actor))
+               + _run_suffix(lr_actor, ema))
     return out / f"prm-mixed{variant}-s{seed}"
 
 
@@ -1011,6 +1021,9 @@ def render(results: dict[str, Any]) -> str:
         lr = first.get("lr_actor")
         step = (f" Both runs' PPO actor step is {lr:g} (`--algo.lr_actor`), not the preset's {preset_lr_actor():g}."
                 if lr is not None else "")
+        if first.get("ema"):
+            step += (f" Both runs evaluate the moving average of their weights (`--eval.ema {first['ema']:g}`, about "
+                     f"the last {1 / (1 - first['ema']):.0f} iterations), not the weights as trained.")
         out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "
@@ -1178,6 +1191,9 @@ def main() -> None:
     p.add_argument("--lr_actor", type=float, default=None,
                    help="prm: both runs' PPO actor step (the preset's: 3e-5); names their folders, and the PRM run is "
                         "also read against the preset's sparse runs under --out")
+    p.add_argument("--ema", type=float, default=0.0,
+                   help="prm: both runs evaluate (and checkpoint) this moving average of their weights (--eval.ema; "
+                        "0: the weights as trained); names their folders -ema<decay>")
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
                         "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>][-a<anneal>]-s<seed>")
@@ -1270,7 +1286,7 @@ def main() -> None:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,
                                args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal,
-                               args.lr_actor)
+                               args.lr_actor, args.ema)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"

@@ -101,6 +101,11 @@ class EvalConfig:
     max_tasks: int = 0
     """``per_task`` protocol: evaluate at most this many of the evaluated tasks, evenly spread over them
     (0 = all, the benchmarks' protocol; ``--smoke`` evaluates a few)."""
+    ema: float = 0.0
+    """Evaluate an exponential moving average of the policy's trainable weights, moved ``1 - ema`` of the way to
+    the weights after every iteration's update, in place of the weights as trained (0 = the weights as trained).
+    It reads the trend of the last ``~1 / (1 - ema)`` iterations instead of one step's; rollouts still use the
+    weights as trained. Checkpoints' ``policy/`` folders (``best`` too) then hold the average (:mod:`vla_rl.ema`)."""
 
 
 @dataclass
@@ -209,6 +214,8 @@ class TrainConfig:
             raise ValueError(f"eval.video_episodes must be >= 0 (0 = every episode), got {self.eval.video_episodes}")
         if self.eval.protocol not in ("seeds", "per_task"):
             raise ValueError(f"eval.protocol must be 'seeds' or 'per_task', got {self.eval.protocol!r}")
+        if not 0.0 <= self.eval.ema < 1.0:
+            raise ValueError(f"eval.ema must lie in [0, 1) (0: no moving average), got {self.eval.ema}")
         if self.eval.episodes_per_task < 1:
             raise ValueError(f"eval.episodes_per_task must be >= 1, got {self.eval.episodes_per_task}")
         if self.eval.seed is None:

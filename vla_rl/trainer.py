@@ -10,6 +10,7 @@ then evaluates, logs and checkpoints. What a learner needs from the loop
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -33,6 +34,7 @@ from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.curriculum import TaskCurriculum, spread
 from vla_rl.data import ChunkDataset, load_policy_chunks
 from vla_rl.distributed import SINGLE, Distributed, rank_seed
+from vla_rl.ema import WeightEMA
 from vla_rl.evaluation import EvalResult, EvalShard, evaluate_policy
 from vla_rl.policy_factory import build_policy
 from vla_rl.reweigh import TRACE_DIR, save_reward_trace
@@ -149,6 +151,7 @@ class Trainer:
         self.learner_cls: type[Learner] = ALGORITHMS.get(cfg.algo.type).obj  # fails before any env is built
         self.dist: Distributed = SINGLE  # the ranks of this run (vla_rl.distributed), found by run()
         self.curriculum: TaskCurriculum | None = None  # set once the env is built (multi-task envs)
+        self.ema: WeightEMA | None = None  # the evaluated average of the weights, with --eval.ema (vla_rl.ema)
 
     def _config_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(draccus.encode(self.cfg), default=str))
@@ -181,6 +184,9 @@ class Trainer:
         if not cfg.resume and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
             raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume true or another --name/--run_dir")
         self.dist = dist = Distributed.from_environment()
+        if cfg.eval.ema and dist.enabled and str(dist.accelerator.distributed_type).endswith("FSDP"):
+            raise ConfigError(f"eval.ema={cfg.eval.ema} averages whole parameters and FSDP shards them: run without "
+                              "--eval.ema or with DDP")
         seed_everything(cfg.seed)
         if dist.enabled:  # rank r holds envs [r*n, (r+1)*n) of the run, seeded as those envs
             cfg.algo.check_run(dist.shard(cfg.env.num_envs, "env.num_envs"))
@@ -196,12 +202,19 @@ class Trainer:
             self.curriculum = task_curriculum(cfg, env.spec)
             if self.curriculum is not None and cfg.env.tasks.holdout:  # evaluate on the held-out tasks only
                 eval_env.schedule_tasks(weights=(~self.curriculum.train_mask).astype(float))
+            state: dict[str, Any] = {}
             if resume_from is not None:
                 policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)  # resume_checkpoint verified it
+                state = ckpt.load_trainer_state(resume_from)
+                # with --eval.ema the folder held the average: the weights as trained go back in before any use
+                self.ema = WeightEMA.resume(policy, cfg.eval.ema, state.get("ema"), resume_from)
             else:
                 policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
+                self.ema = WeightEMA(policy, cfg.eval.ema) if cfg.eval.ema else None
             learner: Learner = self.learner_cls(cfg.algo.for_run(cfg.iterations), policy)
             learner.to(dist.device)  # a GPU when there is one, also in a one-process run
+            if self.ema is not None:
+                self.ema.to(dist.device)
             store = self.run_dir / LEARNER_STORE
             learner.use_store(store / f"rank{dist.rank}" if dist.enabled else store, cfg.keep_last)
             if dist.enabled:  # same initial weights on every rank; from here on each rank draws its own noise
@@ -210,7 +223,6 @@ class Trainer:
             start_iter, best = 0, None
             env_steps = 0
             if resume_from is not None:
-                state = ckpt.load_trainer_state(resume_from)
                 learner.load_state_dict(state["learner"])
                 if self.curriculum is not None and "curriculum" in state:
                     self.curriculum.load_state_dict(state["curriculum"])
@@ -275,6 +287,8 @@ class Trainer:
             t1 = time.perf_counter()
             with torch_threads(cfg.threads.update):
                 stats = learner.update(batch)
+            if self.ema is not None:
+                self.ema.update()
             t2 = time.perf_counter()
             scalars = {"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
             scalars.update(split_remainder(t2 - t1, {k: v for k, v in stats.items() if k.startswith("time/update_")},
@@ -296,7 +310,8 @@ class Trainer:
             step = int(dist.sum(torch.tensor(engine.total_env_steps)).item()) if dist.enabled else engine.total_env_steps
             t_eval = time.perf_counter()
             if evaluates:
-                res = self._evaluate(policy, eval_env, step, logger, f"iter_{done_iter:06d}")
+                with self._averaged():
+                    res = self._evaluate(policy, eval_env, step, logger, f"iter_{done_iter:06d}")
                 scalars.update(res.scalars())
                 last = res
             scalars["time/eval_s"] = time.perf_counter() - t_eval
@@ -319,8 +334,11 @@ class Trainer:
                 if dist.enabled:  # every rank's RNG and own learner state; rank 0 writes them all
                     state["ranks"] = dist.all_objects({"rng": state["rng"], "learner": learner.rank_state()})
                 if dist.is_main:
-                    saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, state, self._config_dict(),
-                                                 cfg.keep_last)
+                    with self._averaged():  # the policy folder holds what was evaluated, trainer.pt the rest
+                        if self.ema is not None:
+                            state["ema"] = self.ema.state_dict()
+                        saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, state, self._config_dict(),
+                                                     cfg.keep_last)
                     if last is not None and (best is None or last.success_rate > best) and "eval/success" in scalars:
                         best = last.success_rate
                         ckpt.mark_best(self.ckpt_dir, saved, best)
@@ -332,6 +350,10 @@ class Trainer:
             self._write_eval(last, "after")
         return {"before": first, "after": last, "run_dir": str(self.run_dir), "env_steps": engine.total_env_steps,
                 "main": dist.is_main, "device": str(dist.device)}
+
+    def _averaged(self) -> contextlib.AbstractContextManager[None]:
+        """The policy holds the average of its weights inside (with ``--eval.ema``; the weights as trained without)."""
+        return self.ema.applied() if self.ema is not None else contextlib.nullcontext()
 
     def _offline_data(self, learner: Learner, policy: Policy) -> ChunkDataset | None:
         """The ``data.path`` dataset as chunks of the policy's horizon, for a learner that needs
