@@ -1189,8 +1189,8 @@ def main() -> None:
                    help="prm: the weight the prm term reaches at the run's last iteration, linearly from --prm_weight "
                         "(reward.anneal; names the mixed run -a<weight>)")
     p.add_argument("--lr_actor", type=float, default=None,
-                   help="prm: both runs' PPO actor step (the preset's: 3e-5); names their folders, and the PRM run is "
-                        "also read against the preset's sparse runs under --out")
+                   help="prm: both runs' PPO actor step (default: the quickstart_ppo preset's); names their folders, "
+                        "and the PRM run is also read against the preset's sparse runs under --out")
     p.add_argument("--ema", type=float, default=0.0,
                    help="prm: both runs evaluate (and checkpoint) this moving average of their weights (--eval.ema; "
                         "0: the weights as trained); names their folders -ema<decay>")

@@ -212,6 +212,11 @@ def test_a_prm_run_at_another_actor_step_is_also_read_against_the_presets_sparse
     prm = [(0, 0.20), (100, 0.30), (200, 0.35), (300, 0.40), (400, 0.34), (500, 0.38)]
     assert bench.mixed_run(tmp_path, 5, "progress-v3", "milestone", 0.5, 0.0, 1e-4).name == \
         "prm-mixed-progress-v3-milestone-w0.5-a0-lr0.0001-s5"
+    # --ema: both arms' folders are named by it, and never share the preset's (whose evaluations it changes)
+    assert bench.mixed_run(tmp_path, 5, "progress-v3", "milestone", 0.5, 0.0, ema=0.95).name == \
+        "prm-mixed-progress-v3-milestone-w0.5-a0-ema0.95-s5"
+    assert bench.sparse_run(tmp_path, 5, ema=0.95).name == "prm-sparse-ema0.95-s5"
+    assert bench.sparse_run(tmp_path, 5, 1e-4, ema=0.9).name == "prm-sparse-lr0.0001-ema0.9-s5"
     assert bench.vs_preset(tmp_path, 5, prm, 400) == {}  # no preset runs: nothing to read
     _run(tmp_path / "prm-sparse-s5", a)
     _run(tmp_path / "prm-sparse-r100-s6", b)  # another seed's B is not this seed's
