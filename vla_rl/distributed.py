@@ -143,6 +143,12 @@ class Distributed:
         return self.rank == 0
 
     @property
+    def fsdp(self) -> bool:
+        """Whether the ranks shard the policy's parameters (FSDP from ``accelerate config``) rather than replicate
+        them (DDP); False with one process."""
+        return self.enabled and str(self.accelerator.distributed_type).endswith("FSDP")
+
+    @property
     def device(self) -> torch.device:
         """This rank's device (its GPU, or the CPU); one process: :func:`default_device`."""
         return self.accelerator.device if self.enabled else default_device()
@@ -179,7 +185,7 @@ class Distributed:
         if not self.enabled:
             return lambda method, *args, **kwargs: getattr(policy, method)(*args, **kwargs)
         acc = self.accelerator
-        if str(acc.distributed_type).endswith("FSDP"):
+        if self.fsdp:
             model, *_ = acc.prepare(PolicyCall(policy), *optimizers)
         else:
             model = acc.prepare(PolicyCall(policy))

@@ -184,7 +184,7 @@ class Trainer:
         if not cfg.resume and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
             raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume true or another --name/--run_dir")
         self.dist = dist = Distributed.from_environment()
-        if cfg.eval.ema and dist.enabled and str(dist.accelerator.distributed_type).endswith("FSDP"):
+        if cfg.eval.ema and dist.fsdp:
             raise ConfigError(f"eval.ema={cfg.eval.ema} averages whole parameters and FSDP shards them: run without "
                               "--eval.ema or with DDP")
         seed_everything(cfg.seed)
