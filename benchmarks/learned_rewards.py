@@ -36,7 +36,10 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   step X instead of the preset's (a dense reward may carry a larger step than the sparse one does), names their
   folders by it, and also reads the PRM run against the preset's own sparse runs under ``--out`` (run A, and the
   mean of A and the ``prm-replicate`` run B). ``--ema D`` evaluates (and checkpoints) both arms' moving average of
-  the weights (``--eval.ema D``, :mod:`vla_rl.ema`) and names their folders ``-ema<D>``.
+  the weights (``--eval.ema D``, :mod:`vla_rl.ema`) and names their folders ``-ema<D>``. ``--noise_level N``
+  (with ``--explore_noise zero``) has both arms explore with Flow-SDE noise level N (chains from zero noise)
+  instead of the preset's 0.5 from random noise, gentler exploration for tasks whose successes need centimetre
+  placement, and names their folders ``-n<N>[z]``.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -324,13 +327,15 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
              eval_episodes: int, episodes: int = 400, epochs: int = 8, start: Start = Start(),
              name: str = "progress", film: bool = True, counterfactual: bool = False,
              mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None,
-             lr_actor: float | None = None, ema: float = 0.0) -> dict[str, Any]:
+             lr_actor: float | None = None, ema: float = 0.0,
+             sampler: dict[str, Any] | None = None) -> dict[str, Any]:
     """The PRM + success run against the sparse run from the seed's pre-trained start (the PRM trained first if
     its folder is missing). ``lr_actor``: both runs' PPO actor step in place of the preset's (their folders named
     by it); the PRM run is then also read against the preset's own sparse runs where they exist (``vs_preset``:
     against ``prm-sparse-s<seed>``, and against its mean with the ``prm-replicate`` run B), the sparse reward at
     the step it learns best with. ``ema``: both runs evaluate that moving average of their weights (their folders
-    named by it). A finished run (its ``report.json``) is read, not run again."""
+    named by it). ``sampler``: both runs' Flow-SDE sampler fields in place of the preset's (``noise_level``,
+    ``explore_noise``; folders named by them). A finished run (its ``report.json``) is read, not run again."""
     from rewards import RewardConfig
 
     prm = model_path(name, seed, out)
@@ -339,19 +344,21 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
         model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
                                counterfactual=counterfactual, start=start)
     t0 = time.perf_counter()
-    sparse_dir = sparse_run(out, seed, lr_actor, ema=ema)
-    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema)
+    sparse_dir = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler)
+    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler)
     algo = None if lr_actor is None else {"lr_actor": lr_actor}
+    fields = {"policy": preset_policy(sampler)} if sampler else {}
     for run, reward in ((mixed_dir, prm_reward(prm, weight, mode, anneal)),
                         (sparse_dir, RewardConfig(terms={"success": 1.0}))):
         if not (run / "report.json").exists():
             quickstart_run(seed, run, reward, iterations, eval_every, eval_episodes=eval_episodes,
-                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, ema=ema)
+                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, ema=ema, **fields)
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     same_start(sparse_dir, sparse, mixed_dir, mixed)
     row = {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
-           "prm_anneal": anneal, "lr_actor": lr_actor, "ema": ema, "wall_s": time.perf_counter() - t0, "prm": str(prm),
+           "prm_anneal": anneal, "lr_actor": lr_actor, "ema": ema, "sampler": sampler,
+           "wall_s": time.perf_counter() - t0, "prm": str(prm),
            "prm_model": model_row,  # each run's own wall time, also where it was read rather than run here
            "runs_wall_s": {run.name: json.loads((run / "report.json").read_text()).get("wall_seconds")
                            for run in (sparse_dir, mixed_dir)}}
@@ -385,25 +392,44 @@ def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any
                         anneal={} if anneal is None else {"prm": anneal})
 
 
-def sparse_run(out: Path, seed: int, lr_actor: float | None = None, replicate: bool = False, ema: float = 0.0) -> Path:
+def sparse_run(out: Path, seed: int, lr_actor: float | None = None, replicate: bool = False, ema: float = 0.0,
+               sampler: dict[str, Any] | None = None) -> Path:
     """The run folder of a sparse run of ``seed``: the ``prm`` part's (A), or with ``replicate`` the
-    ``prm-replicate`` part's (B, RL seed + :data:`REPLICATE_SEED`); named by ``--lr_actor`` and ``--ema`` where set."""
-    return out / (f"prm-sparse{_run_suffix(lr_actor, ema)}" + (f"-r{REPLICATE_SEED}" if replicate else "")
+    ``prm-replicate`` part's (B, RL seed + :data:`REPLICATE_SEED`); named by ``--lr_actor``, ``--ema`` and
+    ``--noise_level`` where set."""
+    return out / (f"prm-sparse{_run_suffix(lr_actor, ema, sampler)}" + (f"-r{REPLICATE_SEED}" if replicate else "")
                   + f"-s{seed}")
 
 
-def _run_suffix(lr_actor: float | None, ema: float = 0.0) -> str:
-    """``-lr<step>`` in a run folder's name for a run at another PPO actor step (``--lr_actor``) and ``-ema<decay>``
-    for one that evaluates the moving average of its weights (``--ema``); empty for the preset's runs."""
-    return ("" if lr_actor is None else f"-lr{lr_actor:g}") + (f"-ema{ema:g}" if ema else "")
+def _run_suffix(lr_actor: float | None, ema: float = 0.0, sampler: dict[str, Any] | None = None) -> str:
+    """``-lr<step>`` in a run folder's name for a run at another PPO actor step (``--lr_actor``), ``-ema<decay>``
+    for one that evaluates the moving average of its weights (``--ema``) and ``-n<level>[z]`` for one that explores
+    at another Flow-SDE noise level (``z``: chains from zero noise); empty for the preset's runs."""
+    noise = ""
+    if sampler:
+        noise = f"-n{sampler.get('noise_level', 0.5):g}" + ("z" if sampler.get("explore_noise") == "zero" else "")
+    return ("" if lr_actor is None else f"-lr{lr_actor:g}") + (f"-ema{ema:g}" if ema else "") + noise
+
+
+def preset_policy(sampler: dict[str, Any] | None) -> Any:
+    """The ``quickstart_ppo`` preset's policy config with ``sampler``'s fields (``noise_level``, ``explore_noise``:
+    a :class:`~policies.flow.sampler.InitialNoise` value) in its Flow-SDE sampler."""
+    from vla_rl.cli import parse_config
+    from vla_rl.commands import quickstart as qs
+
+    policy = parse_config(qs.QuickstartConfig, ["--preset", "quickstart_ppo"]).policy
+    fields = dict(sampler or {})
+    if "explore_noise" in fields:
+        fields["explore_noise"] = type(policy.sampler.explore_noise)(fields["explore_noise"])
+    return dataclasses.replace(policy, sampler=dataclasses.replace(policy.sampler, **fields))
 
 
 def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None,
-              lr_actor: float | None = None, ema: float = 0.0) -> Path:
+              lr_actor: float | None = None, ema: float = 0.0, sampler: dict[str, Any] | None = None) -> Path:
     """The run folder of the PRM + success run of ``seed`` with these ``--prm*`` settings (``--prm``'s help)."""
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
                + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}")
-               + _run_suffix(lr_actor, ema))
+               + _run_suffix(lr_actor, ema, sampler))
     return out / f"prm-mixed{variant}-s{seed}"
 
 
@@ -1194,6 +1220,12 @@ def main() -> None:
     p.add_argument("--ema", type=float, default=0.0,
                    help="prm: both runs evaluate (and checkpoint) this moving average of their weights (--eval.ema; "
                         "0: the weights as trained); names their folders -ema<decay>")
+    p.add_argument("--noise_level", type=float, default=None,
+                   help="prm: both runs explore at this Flow-SDE noise level (default: the quickstart_ppo preset's "
+                        "0.5); names their folders -n<level>[z]")
+    p.add_argument("--explore_noise", default=None, choices=["random", "zero"],
+                   help="prm: where both runs' exploring chains start (default: the preset's random noise; zero: "
+                        "where the deployed policy's chain starts)")
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
                         "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>][-a<anneal>]-s<seed>")
@@ -1286,7 +1318,7 @@ def main() -> None:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,
                                args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal,
-                               args.lr_actor, args.ema)
+                               args.lr_actor, args.ema, sampler_fields(args))
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"
@@ -1300,6 +1332,13 @@ def main() -> None:
             }
             write_json(RESULTS, results)
             print(json.dumps({part: row}, default=str)[:600], flush=True)
+
+
+def sampler_fields(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--noise_level`` / ``--explore_noise`` as the sampler fields they set (None: neither given)."""
+    fields = {k: v for k, v in (("noise_level", args.noise_level), ("explore_noise", args.explore_noise))
+              if v is not None}
+    return fields or None
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 ``benchmarks/results/rewards.json``, so the numbers in the docs can be traced to the results file; a curriculum run
 resumed in segments is timed over all of them."""
 
+import argparse
 import copy
+import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -239,3 +242,20 @@ def test_a_prm_run_at_another_actor_step_is_also_read_against_the_presets_sparse
     assert "| 6 | 0.360 | 300 | 0.60 | yes | - | - | - | - |" in table
     assert "| 7 |" not in table
     assert bench.render_vs_preset({"seeds": {"7": {"seed": 7}}}) == []
+
+
+def test_gentler_exploration_names_both_arms_and_reaches_the_rl_stages_sampler():
+    # --noise_level / --explore_noise: both arms' folders are named by them, never the preset's runs
+    gentle = {"noise_level": 0.25, "explore_noise": "zero"}
+    assert bench.sparse_run(Path("o"), 3, sampler=gentle).name == "prm-sparse-n0.25z-s3"
+    assert bench.mixed_run(Path("o"), 3, "progress-v3", "milestone", 0.5, 0.0, sampler={"noise_level": 0.3}).name \
+        == "prm-mixed-progress-v3-milestone-w0.5-a0-n0.3-s3"
+    policy = bench.preset_policy(gentle)
+    preset = bench.preset_policy(None)
+    assert (policy.sampler.noise_level, policy.sampler.explore_noise.value) == (0.25, "zero")
+    assert (preset.sampler.noise_level, preset.sampler.explore_noise.value) == (0.5, "random")
+    assert dataclasses.replace(policy, sampler=preset.sampler) == preset  # nothing else moves
+    args = argparse.Namespace(noise_level=None, explore_noise=None)
+    assert bench.sampler_fields(args) is None
+    args.noise_level = 0.25
+    assert bench.sampler_fields(args) == {"noise_level": 0.25}
