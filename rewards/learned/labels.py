@@ -119,19 +119,28 @@ def task_state_from_obs(state: np.ndarray, env_state: np.ndarray):  # -> sim.muj
 def stage_targets(episode: Episode) -> Tensor:
     """``float32 [T]`` progress from the task's stage predicates on privileged observations (module doc).
 
+    The task is the one ``observation.env_state``'s last column indexes in
+    :data:`~sim.mujoco_tasks.tasks.ALL_TASKS`: the single-skill tasks and the long-horizon ones (``pick-place-stack``,
+    8 stages).
+
     Raises:
         ValueError: when the episode has no ``observation.env_state`` / ``observation.state`` (not a MuJoCo
-            tabletop recording): use event labels instead.
+            tabletop recording): use event labels instead; or when a frame's task index is not a tabletop task.
     """
-    from sim.mujoco_tasks.tasks import TASKS, stage_progress
+    from sim.mujoco_tasks.tasks import ALL_TASKS, stage_progress
 
     if OBS_ENV_STATE not in episode.obs or OBS_STATE not in episode.obs:
         raise ValueError(f"stage labels need {OBS_ENV_STATE!r} and {OBS_STATE!r} (a MuJoCo tabletop recording); "
                          f"this episode has {sorted(episode.obs)}: use --labels events")
     state, env_state = episode.obs[OBS_STATE].numpy(), episode.obs[OBS_ENV_STATE].numpy()
+    index = np.rint(env_state[:, -1]).astype(np.int64)
+    bad = index[(index < 0) | (index >= len(ALL_TASKS))]
+    if bad.size:
+        raise ValueError(f"stage labels: task index {int(bad[0])} in {OBS_ENV_STATE!r}'s last column is not a MuJoCo "
+                         f"tabletop task (0..{len(ALL_TASKS) - 1}): not a tabletop recording? use --labels events")
     out = torch.zeros(episode.length)
     for t in range(episode.length):
-        task = TASKS[int(round(float(env_state[t, -1])))]
+        task = ALL_TASKS[int(index[t])]
         k = stage_progress(task, task_state_from_obs(state[t], env_state[t]))
         out[t] = 1.0 if episode.success[t] else k / (len(task.stages) + 1)
     return out

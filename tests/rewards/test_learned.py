@@ -601,3 +601,20 @@ def test_potential_shaping_under_gae_is_a_change_of_the_critics_baseline():
     torch.testing.assert_close(shaped, rebased)
     milestone = r + (phi_next - phi).clamp(min=0)  # not a potential difference: no critic absorbs it
     assert not torch.allclose(gae(milestone, v, nv, no, no, 1.0, 0.9)[0], rebased)
+
+
+def test_stage_targets_read_the_long_horizon_task_and_refuse_an_index_that_is_no_task():
+    # pick-place-stack (8 stages): the red cube resting on the pad holds reach, grasp, lift and place, 4 / 9;
+    # before that, the arm far away holds none
+    task = TASK_INDEX["pick-place-stack"]
+    far = np.array([0.3, 0.0, 0.2, 1.0, *np.zeros(7)], np.float32)
+    pad = (0.5, 0.1)
+    frames = [_env_state("pick-red", (0.45, 0.0, 0.02), pad), _env_state("pick-red", (0.5, 0.1, 0.02), pad)]
+    env_state = torch.tensor(np.stack(frames))
+    env_state[:, -1] = task
+    ep = Episode(obs={OBS_STATE: torch.tensor(np.stack([far, far])), OBS_ENV_STATE: env_state},
+                 success=torch.tensor([False, False]), task="x")
+    assert stage_targets(ep).tolist() == pytest.approx([0.0, 4 / 9])
+    env_state[1, -1] = task + 1  # past the last task
+    with pytest.raises(ValueError, match=f"task index {task + 1} in 'observation.env_state'"):
+        stage_targets(ep)
