@@ -734,6 +734,16 @@ def _start(section: dict[str, Any]) -> str:
     return f" On `{env}`; the pre-trained start: {recipe}."
 
 
+def _explore(sampler: dict[str, Any]) -> str:
+    """The sentence saying how a section's runs explore when ``--noise_level`` / ``--explore_noise`` changed it."""
+    level = sampler.get("noise_level")
+    level = f"at Flow-SDE noise level {level:g}" if level is not None else "at the preset's noise level"
+    where = {"zero": "chains from zero noise", "random": "chains from random noise"}.get(
+        sampler.get("explore_noise"), "chains from the preset's random noise")
+    return (f"Both runs explore {level}, {where} (`--policy.sampler.noise_level`, `explore_noise`), not the "
+            "preset's 0.5 from random noise.")
+
+
 def _ratio(value: float) -> str:
     """A step ratio for a table: '-' where the PRM run never reached the sparse final."""
     return "-" if math.isnan(value) else f"{value:.2f}"
@@ -1050,6 +1060,8 @@ def render(results: dict[str, Any]) -> str:
         if first.get("ema"):
             step += (f" Both runs evaluate the moving average of their weights (`--eval.ema {first['ema']:g}`, about "
                      f"the last {1 / (1 - first['ema']):.0f} iterations), not the weights as trained.")
+        if first.get("sampler"):
+            step += f" {_explore(first['sampler'])}"
         out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "

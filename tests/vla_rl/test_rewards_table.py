@@ -259,3 +259,9 @@ def test_gentler_exploration_names_both_arms_and_reaches_the_rl_stages_sampler()
     assert bench.sampler_fields(args) is None
     args.noise_level = 0.25
     assert bench.sampler_fields(args) == {"noise_level": 0.25}
+
+
+def test_a_prm_section_says_how_its_runs_explore():
+    assert bench._explore({"noise_level": 0.25, "explore_noise": "zero"}).startswith(
+        "Both runs explore at Flow-SDE noise level 0.25, chains from zero noise")
+    assert "the preset's noise level, chains from zero noise" in bench._explore({"explore_noise": "zero"})
