@@ -88,6 +88,10 @@ took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
     python benchmarks/learned_rewards.py --parts prm --ema 0.95 --start_success 0.15 --prm progress-v3 \
         --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/weak \
         --tag "start 0.15, EMA 0.95"
+    python benchmarks/learned_rewards.py --parts prm --env mujoco/pick-place-stack --demos 200 --sft_steps 6000 \
+        --start_success 0.25 --check_every 500 --policy_episodes 200 --prm progress-v3 --prm_mode milestone \
+        --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --noise_level 0.25 --explore_noise zero --seeds 0 1 \
+        --out runs/pps --tag "pick-place-stack, noise 0.25 from zero"
     python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
     python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
         --out /work/exp/s39/rw --reeval_per_task 100
