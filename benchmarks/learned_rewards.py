@@ -411,17 +411,15 @@ def _run_suffix(lr_actor: float | None, ema: float = 0.0, sampler: dict[str, Any
     at another Flow-SDE noise level (``z``: chains from zero noise); empty for the preset's runs."""
     noise = ""
     if sampler:
-        noise = f"-n{sampler.get('noise_level', 0.5):g}" + ("z" if sampler.get("explore_noise") == "zero" else "")
+        level = sampler.get("noise_level", ppo_preset().policy.sampler.noise_level)
+        noise = f"-n{level:g}" + ("z" if sampler.get("explore_noise") == "zero" else "")
     return ("" if lr_actor is None else f"-lr{lr_actor:g}") + (f"-ema{ema:g}" if ema else "") + noise
 
 
 def preset_policy(sampler: dict[str, Any] | None) -> Any:
     """The ``quickstart_ppo`` preset's policy config with ``sampler``'s fields (``noise_level``, ``explore_noise``:
     a :class:`~policies.flow.sampler.InitialNoise` value) in its Flow-SDE sampler."""
-    from vla_rl.cli import parse_config
-    from vla_rl.commands import quickstart as qs
-
-    policy = parse_config(qs.QuickstartConfig, ["--preset", "quickstart_ppo"]).policy
+    policy = ppo_preset().policy
     fields = dict(sampler or {})
     if "explore_noise" in fields:
         fields["explore_noise"] = type(policy.sampler.explore_noise)(fields["explore_noise"])
@@ -744,8 +742,9 @@ def _explore(sampler: dict[str, Any]) -> str:
     level = f"at Flow-SDE noise level {level:g}" if level is not None else "at the preset's noise level"
     where = {"zero": "chains from zero noise", "random": "chains from random noise"}.get(
         sampler.get("explore_noise"), "chains from the preset's random noise")
+    preset = ppo_preset().policy.sampler
     return (f"Both runs explore {level}, {where} (`--policy.sampler.noise_level`, `explore_noise`), not the "
-            "preset's 0.5 from random noise.")
+            f"preset's {preset.noise_level:g} from {preset.explore_noise.value} noise.")
 
 
 def _ratio(value: float) -> str:
@@ -856,12 +855,18 @@ def plot_prm(section: dict[str, Any], path: Path, curves: tuple[tuple[str, str],
     plt.close(fig)
 
 
-def preset_lr_actor() -> float:
-    """The ``quickstart_ppo`` preset's PPO actor step, which ``--lr_actor`` runs are read against."""
+def ppo_preset() -> Any:
+    """The ``quickstart_ppo`` preset's QuickstartConfig, whose actor step and sampler the ``--lr_actor`` and
+    ``--noise_level`` runs are named and read against."""
     from vla_rl.cli import parse_config
     from vla_rl.commands import quickstart as qs
 
-    return parse_config(qs.QuickstartConfig, ["--preset", "quickstart_ppo"]).algo.lr_actor
+    return parse_config(qs.QuickstartConfig, ["--preset", "quickstart_ppo"])
+
+
+def preset_lr_actor() -> float:
+    """The ``quickstart_ppo`` preset's PPO actor step, which ``--lr_actor`` runs are read against."""
+    return ppo_preset().algo.lr_actor
 
 
 def render_vs_preset(sec: dict[str, Any]) -> list[str]:
