@@ -238,7 +238,7 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
                    sft_from: Path | None = None, eval_episodes: int = 400, preset: str = "quickstart_ppo",
                    env: Any = None, per_task: int = 0, start: Start | None = None, algo: dict[str, Any] | None = None,
-                   rl_seed: int | None = None, ema: float = 0.0, **fields: Any) -> dict[str, Any]:
+                   rl_seed: int | None = None, ema: float = 0.0, eval_envs: int = 0, **fields: Any) -> dict[str, Any]:
     """``vla-rl quickstart`` (``preset``; empty = its defaults) with the RL stage's reward replaced by ``reward``
     (a RewardConfig; None = the preset's), the env by ``env`` (an EnvConfig), the evaluation by the ``per_task``
     protocol with that many episodes per task (0 = the quickstart's seeded episodes) and other QuickstartConfig
@@ -246,7 +246,9 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
     pre-trained policy this run starts from; ``start``: the task and pre-training of a run that pre-trains
     (:func:`pretrained`; its env unless ``env`` is given); ``rl_seed``: the RL stage's seed (its training episodes
     and sampling noise) in place of ``seed``, the evaluation keeping ``seed``'s held-out episodes; ``ema``: the RL
-    stage evaluates this moving average of its weights (``--eval.ema``; 0: the weights as trained)."""
+    stage evaluates this moving average of its weights (``--eval.ema``; 0: the weights as trained); ``eval_envs``:
+    the evaluation's env count (0: the env's), which decides its held-out episodes, so runs on other env counts
+    are read on the same episodes by setting it."""
     import shutil
 
     from vla_rl.cli import parse_config
@@ -265,6 +267,8 @@ def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_
                 train.eval, protocol="per_task", episodes_per_task=per_task))
         if ema:
             train = dataclasses.replace(train, eval=dataclasses.replace(train.eval, ema=ema))
+        if eval_envs:
+            train = dataclasses.replace(train, eval=dataclasses.replace(train.eval, num_envs=eval_envs))
         return train
 
     qs._train_config = patched
