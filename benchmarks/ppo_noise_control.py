@@ -14,11 +14,11 @@ held-out episodes) with one change:
 - ``warmup-20``: ``algo.critic_warmup_iters 20`` (the preset's 3), a critic fitted longer before the actor moves;
 - ``zero-start``: ``policy.sampler.explore_noise zero``, exploring around the chain evaluation runs;
 - ``batch-2x``: twice the decisions per update (64 envs, minibatch 384) for half the iterations: the same env
-  steps in half the Adam steps, each on twice the signal.
+  steps in half the Adam steps, each on twice the decisions.
 
 The preset's own sparse runs (``real``) are not run again: training is deterministic given the seed, and their
-curves are read from ``benchmarks/results/rewards.json`` (sessions 54, 56 and 58; the PRM + success runs of the same
-sections are shown beside them).
+curves are read from ``benchmarks/results/rewards.json`` (the sections of sessions 57 and 58, which hold the runs of
+sessions 54-58; the PRM + success runs of the same sections are shown beside them).
 
     python benchmarks/ppo_noise_control.py --variants shuffled no-norm warmup-20 zero-start --lr_actor 1e-4 \
         --iterations 80 --seeds 0 1 --out runs/noise-control
