@@ -60,6 +60,8 @@ SECTION = "## Sparse PPO against a noise control (issue 19)"
 PLOT = ROOT / "docs" / "img" / "ppo_noise_control.png"
 START = 0.15
 """The weak starts of issue 19's sessions 54-59 (``learned_rewards.Start(success=0.15)``)."""
+STEPS_PER_ITERATION = 768
+"""Env steps of one ``quickstart_ppo`` iteration (32 envs x 6 decisions x 4-step chunks)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,11 @@ def shuffled_advantages() -> Iterator[None]:
         PPOLearner.advantages = original
 
 
+def _key(row: dict[str, Any]) -> tuple[str, int, float, int]:
+    """What identifies a results row: variant, seed, actor step, iterations."""
+    return row["variant"], row["seed"], row["lr_actor"], row["iterations"]
+
+
 def run_dir(out: Path, variant: str, lr_actor: float, iterations: int, seed: int) -> Path:
     return out / f"{variant}-lr{lr_actor:g}-it{iterations}-s{seed}"
 
@@ -140,11 +147,11 @@ def run_variant(name: str, seed: int, lr_actor: float, iterations: int, eval_eve
     if not (run / "report.json").exists():
         fields = {"policy": lr.preset_policy(variant.sampler)} if variant.sampler else {}
         env = start.env()
-        env = dataclasses.replace(env, num_envs=env.num_envs * variant.batch)
         with shuffled_advantages() if variant.shuffle else contextlib.nullcontext():
             lr.quickstart_run(seed, run, RewardConfig(terms={"success": 1.0}), iterations // variant.batch,
-                              eval_every // variant.batch, sft_from=lr.pretrained(seed, out, start), env=env,
-                              algo={"lr_actor": lr_actor, **variant.algo}, eval_envs=start.env().num_envs, **fields)
+                              eval_every // variant.batch, sft_from=lr.pretrained(seed, out, start),
+                              env=dataclasses.replace(env, num_envs=env.num_envs * variant.batch),
+                              algo={"lr_actor": lr_actor, **variant.algo}, eval_envs=env.num_envs, **fields)
     rows = lr.metrics(run)
     curve = lr.evals(rows)
     final = [r for r in rows if "eval/success" in r][-1]
@@ -160,7 +167,7 @@ def run_variant(name: str, seed: int, lr_actor: float, iterations: int, eval_eve
 
 def reference_rows(rewards: dict[str, Any], lr_actor: float, iterations: int, seeds: set[int]) -> list[dict[str, Any]]:
     """The ``real`` (and PRM + success) curves of ``seeds`` at ``lr_actor`` from rewards.json, cut to the env steps
-    of ``iterations`` (the learned-rewards runs evaluate every 40 iterations of 768 env steps)."""
+    of ``iterations`` (:data:`STEPS_PER_ITERATION` each)."""
     rows = []
     for key in REFERENCE_SECTIONS.get(lr_actor, []):
         for seed, r in sorted(rewards.get(key, {}).get("seeds", {}).items()):
@@ -170,7 +177,7 @@ def reference_rows(rewards: dict[str, Any], lr_actor: float, iterations: int, se
             for label, field in REFERENCE_CURVES:
                 if r.get(field) and label not in done:
                     done.add(label)
-                    steps = iterations * r[field][-1][0] // 200
+                    steps = iterations * STEPS_PER_ITERATION
                     rows.append({"variant": label, "seed": int(seed), "lr_actor": lr_actor, "iterations": iterations,
                                  "curve": [c for c in r[field] if c[0] <= steps], "source": key})
     return rows
@@ -198,9 +205,9 @@ def render(result: dict[str, Any]) -> str:
         "`python benchmarks/ppo_noise_control.py` (module doc): the sparse run of issue 19's `prm` part from the weak",
         f"starts (`--start_success {START}`), `quickstart_ppo`'s PPO on `{{success: 1.0}}`, with one change per row.",
         "Held-out success on the same 400 episodes every 40 iterations (30,720 env steps). `real` and `PRM +",
-        "success` rows are read from `benchmarks/results/rewards.json` (the session of their section is named); training is",
-        "deterministic given the seed, so they are the runs the variants differ from. Rollout success is the",
-        "exploring policy's, mean over iterations 21-40 and the last 20 (their env steps in a `batch-2x` run). "
+        "success` rows are read from `benchmarks/results/rewards.json` (the session of their section is named);",
+        "training is deterministic given the seed, so they are the runs the variants differ from. Rollout success is",
+        "the exploring policy's, mean over iterations 21-40 and the last 20 (their env steps in a `batch-2x` run). "
         + result.get("conditions", {}).get("machine", "") + ".",
         "",
         f"![held-out success per variant](img/{PLOT.name})",
@@ -210,12 +217,12 @@ def render(result: dict[str, Any]) -> str:
     for row in result.get("runs", []):
         groups.setdefault((row["lr_actor"], row["iterations"]), []).append(row)
     for (step, its), rows in sorted(groups.items()):
-        lines += [f"**Actor step {step:g}, {its} iterations ({its * 768:,} env steps).**", "",
+        lines += [f"**Actor step {step:g}, {its} iterations ({its * STEPS_PER_ITERATION:,} env steps).**", "",
                   "| variant | seed | held-out success at 0 / 30,720 / ... env steps | final [95% CI] "
                   "| rollout success it 21-40 / last 20 | approx KL | wall s | source |",
                   "|---|---:|---|---|---|---:|---:|---|"]
         for r in sorted(rows, key=lambda r: (r["seed"], "source" not in r, r["variant"])):
-            ci = f" [{r['final_ci'][0]:.2f}-{r['final_ci'][1]:.2f}]" if r.get("final_ci") else ""
+            ci = f" {lr._ci(r['final_ci'])}" if r.get("final_ci") else ""
             roll = (f"{_f(r.get('rollout_success_21_40'))} / {_f(r.get('rollout_success_last_20'))}"
                     if "rollout_success_21_40" in r else "-")
             lines.append(f"| {r['variant']} | {r['seed']} | {_curve(r['curve'])} | {r['curve'][-1][1]:.3f}{ci} "
@@ -279,13 +286,10 @@ def main() -> None:
         for seed in args.seeds:
             row = run_variant(name, seed, step, args.iterations, args.eval_every, Path(args.out))
             result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}  # others may write too
-            keep = [r for r in result["runs"] if "source" in r or
-                    (r["variant"], r["seed"], r["lr_actor"], r["iterations"]) != (name, seed, step, args.iterations)]
-            result["runs"] = keep + [row]
+            result["runs"] = [r for r in result["runs"] if "source" in r or _key(r) != _key(row)] + [row]
             rewards = json.loads(lr.RESULTS.read_text()) if lr.RESULTS.exists() else {}
-            have = {(r["variant"], r["seed"], r["lr_actor"], r["iterations"]) for r in result["runs"] if "source" in r}
-            result["runs"] += [r for r in reference_rows(rewards, step, args.iterations, {seed})
-                               if (r["variant"], r["seed"], r["lr_actor"], r["iterations"]) not in have]
+            have = {_key(r) for r in result["runs"] if "source" in r}
+            result["runs"] += [r for r in reference_rows(rewards, step, args.iterations, {seed}) if _key(r) not in have]
             result["conditions"] = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
                                     "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                                     "load_average_at_end": os.getloadavg()[0]}
