@@ -39,7 +39,8 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   the weights (``--eval.ema D``, :mod:`vla_rl.ema`) and names their folders ``-ema<D>``. ``--noise_level N``
   (with ``--explore_noise zero``) has both arms explore with Flow-SDE noise level N (chains from zero noise)
   instead of the preset's 0.5 from random noise, gentler exploration for tasks whose successes need centimetre
-  placement, and names their folders ``-n<N>[z]``.
+  placement, and names their folders ``-n<N>[z]``. ``--no_adv_norm`` runs both arms without PPO's per-rollout
+  advantage normalization (``--algo.normalize_advantages false``; folders ``-nonorm``).
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -336,14 +337,16 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
              name: str = "progress", film: bool = True, counterfactual: bool = False,
              mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None,
              lr_actor: float | None = None, ema: float = 0.0,
-             sampler: dict[str, Any] | None = None) -> dict[str, Any]:
+             sampler: dict[str, Any] | None = None, norm: bool = True) -> dict[str, Any]:
     """The PRM + success run against the sparse run from the seed's pre-trained start (the PRM trained first if
     its folder is missing). ``lr_actor``: both runs' PPO actor step in place of the preset's (their folders named
     by it); the PRM run is then also read against the preset's own sparse runs where they exist (``vs_preset``:
     against ``prm-sparse-s<seed>``, and against its mean with the ``prm-replicate`` run B), the sparse reward at
     the step it learns best with. ``ema``: both runs evaluate that moving average of their weights (their folders
     named by it). ``sampler``: both runs' Flow-SDE sampler fields in place of the preset's (``noise_level``,
-    ``explore_noise``; folders named by them). A finished run (its ``report.json``) is read, not run again."""
+    ``explore_noise``; folders named by them). ``norm`` False: both runs without PPO's per-rollout advantage
+    normalization (``--algo.normalize_advantages false``; folders named ``-nonorm``). A finished run (its
+    ``report.json``) is read, not run again."""
     from rewards import RewardConfig
 
     prm = model_path(name, seed, out)
@@ -352,20 +355,21 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
         model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
                                counterfactual=counterfactual, start=start)
     t0 = time.perf_counter()
-    sparse_dir = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler)
-    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler)
-    algo = None if lr_actor is None else {"lr_actor": lr_actor}
+    sparse_dir = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm)
+    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler, norm)
+    algo = ({} if lr_actor is None else {"lr_actor": lr_actor}) | ({} if norm else {"normalize_advantages": False})
     fields = {"policy": preset_policy(sampler)} if sampler else {}
     for run, reward in ((mixed_dir, prm_reward(prm, weight, mode, anneal)),
                         (sparse_dir, RewardConfig(terms={"success": 1.0}))):
         if not (run / "report.json").exists():
             quickstart_run(seed, run, reward, iterations, eval_every, eval_episodes=eval_episodes,
-                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, ema=ema, **fields)
+                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo or None, ema=ema,
+                           **fields)
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     same_start(sparse_dir, sparse, mixed_dir, mixed)
     row = {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
-           "prm_anneal": anneal, "lr_actor": lr_actor, "ema": ema, "sampler": sampler,
+           "prm_anneal": anneal, "lr_actor": lr_actor, "ema": ema, "sampler": sampler, "normalize_advantages": norm,
            "wall_s": time.perf_counter() - t0, "prm": str(prm),
            "prm_model": model_row,  # each run's own wall time, also where it was read rather than run here
            "runs_wall_s": {run.name: json.loads((run / "report.json").read_text()).get("wall_seconds")
@@ -401,23 +405,26 @@ def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any
 
 
 def sparse_run(out: Path, seed: int, lr_actor: float | None = None, replicate: bool = False, ema: float = 0.0,
-               sampler: dict[str, Any] | None = None) -> Path:
+               sampler: dict[str, Any] | None = None, norm: bool = True) -> Path:
     """The run folder of a sparse run of ``seed``: the ``prm`` part's (A), or with ``replicate`` the
     ``prm-replicate`` part's (B, RL seed + :data:`REPLICATE_SEED`); named by ``--lr_actor``, ``--ema`` and
-    ``--noise_level`` where set."""
-    return out / (f"prm-sparse{_run_suffix(lr_actor, ema, sampler)}" + (f"-r{REPLICATE_SEED}" if replicate else "")
-                  + f"-s{seed}")
+    ``--noise_level`` and ``--no_adv_norm`` where set."""
+    suffix = _run_suffix(lr_actor, ema, sampler, norm)
+    return out / (f"prm-sparse{suffix}" + (f"-r{REPLICATE_SEED}" if replicate else "") + f"-s{seed}")
 
 
-def _run_suffix(lr_actor: float | None, ema: float = 0.0, sampler: dict[str, Any] | None = None) -> str:
+def _run_suffix(lr_actor: float | None, ema: float = 0.0, sampler: dict[str, Any] | None = None,
+                norm: bool = True) -> str:
     """``-lr<step>`` in a run folder's name for a run at another PPO actor step (``--lr_actor``), ``-ema<decay>``
     for one that evaluates the moving average of its weights (``--ema``) and ``-n<level>[z]`` for one that explores
-    at another Flow-SDE noise level (``z``: chains from zero noise); empty for the preset's runs."""
+    at another Flow-SDE noise level (``z``: chains from zero noise), ``-nonorm`` for one without advantage
+    normalization (``--no_adv_norm``); empty for the preset's runs."""
     noise = ""
     if sampler:
         level = sampler.get("noise_level", ppo_preset().policy.sampler.noise_level)
         noise = f"-n{level:g}" + ("z" if sampler.get("explore_noise") == "zero" else "")
-    return ("" if lr_actor is None else f"-lr{lr_actor:g}") + (f"-ema{ema:g}" if ema else "") + noise
+    return (("" if lr_actor is None else f"-lr{lr_actor:g}") + (f"-ema{ema:g}" if ema else "") + noise
+            + ("" if norm else "-nonorm"))
 
 
 def preset_policy(sampler: dict[str, Any] | None) -> Any:
@@ -431,11 +438,12 @@ def preset_policy(sampler: dict[str, Any] | None) -> Any:
 
 
 def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None,
-              lr_actor: float | None = None, ema: float = 0.0, sampler: dict[str, Any] | None = None) -> Path:
+              lr_actor: float | None = None, ema: float = 0.0, sampler: dict[str, Any] | None = None,
+              norm: bool = True) -> Path:
     """The run folder of the PRM + success run of ``seed`` with these ``--prm*`` settings (``--prm``'s help)."""
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
                + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}")
-               + _run_suffix(lr_actor, ema, sampler))
+               + _run_suffix(lr_actor, ema, sampler, norm))
     return out / f"prm-mixed{variant}-s{seed}"
 
 
@@ -1075,6 +1083,9 @@ def render(results: dict[str, Any]) -> str:
                      f"the last {1 / (1 - first['ema']):.0f} iterations), not the weights as trained.")
         if first.get("sampler"):
             step += f" {_explore(first['sampler'])}"
+        if first.get("normalize_advantages") is False:
+            step += (" Both runs use PPO's advantages as they come, without normalizing them over each rollout "
+                     "(`--algo.normalize_advantages false`).")
         out += ["", f"### Process reward model{_variant(key)}", "",
                 "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
                 f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "
@@ -1251,6 +1262,9 @@ def main() -> None:
     p.add_argument("--explore_noise", default=None, choices=["random", "zero"],
                    help="prm: where both runs' exploring chains start (default: the preset's random noise; zero: "
                         "where the deployed policy's chain starts)")
+    p.add_argument("--no_adv_norm", action="store_true",
+                   help="prm: both runs without PPO's per-rollout advantage normalization "
+                        "(--algo.normalize_advantages false; folders named -nonorm)")
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
                         "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>][-a<anneal>]-s<seed>")
@@ -1343,7 +1357,7 @@ def main() -> None:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,
                                args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal,
-                               args.lr_actor, args.ema, sampler_fields(args))
+                               args.lr_actor, args.ema, sampler_fields(args), not args.no_adv_norm)
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"

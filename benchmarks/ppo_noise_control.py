@@ -9,10 +9,14 @@ held-out episodes) with one change:
 - ``shuffled``: every rollout's advantages are permuted among its valid decisions before the update (a fixed
   generator per iteration). The update keeps its size, its clipping and its critic, but carries no
   information about which decision did well: the noise control;
+- ``success-gated``: a rollout in which no decision earned the success term gives the actor zero advantages (the
+  critic still learns from it): the update's size follows whether the rollout holds any information;
 - ``no-norm``: ``algo.normalize_advantages false``. Per-rollout normalization gives a rollout without a success
   the same advantage scale as one with several, so Adam steps as far on noise as on signal;
 - ``warmup-20``: ``algo.critic_warmup_iters 20`` (the preset's 3), a critic fitted longer before the actor moves;
 - ``zero-start``: ``policy.sampler.explore_noise zero``, exploring around the chain evaluation runs;
+- ``preset``: no change, the ``real`` run itself, for an actor step (``--lr_actor``) the rewards.json sections
+  have no run at;
 - ``batch-2x``: twice the decisions per update (64 envs, minibatch 384) for half the iterations: the same env
   steps in half the Adam steps, each on twice the decisions.
 
@@ -71,7 +75,8 @@ class Variant:
     help: str
     algo: dict[str, Any] = dataclasses.field(default_factory=dict)
     sampler: dict[str, Any] = dataclasses.field(default_factory=dict)
-    shuffle: bool = False
+    advantages: str = ""
+    """``shuffle`` or ``gate``: how :func:`patched_advantages` changes PPO's advantages (empty: not at all)."""
     batch: int = 1
     """Decisions per update as a multiple of the preset's (32 envs x 6, one minibatch of 192): this many times the
     envs and the minibatch, for as many fewer iterations, so the run has the same env steps, evaluations at the same
@@ -79,7 +84,9 @@ class Variant:
 
 
 VARIANTS = {
-    "shuffled": Variant("advantages permuted among each rollout's decisions (noise control)", shuffle=True),
+    "preset": Variant("no change: the preset's sparse run, at --lr_actor (for a step no rewards.json run has)"),
+    "shuffled": Variant("advantages permuted among each rollout's decisions (noise control)", advantages="shuffle"),
+    "success-gated": Variant("no actor signal from a rollout without a success", advantages="gate"),
     "no-norm": Variant("algo.normalize_advantages false", algo={"normalize_advantages": False}),
     "warmup-20": Variant("algo.critic_warmup_iters 20", algo={"critic_warmup_iters": 20}),
     "zero-start": Variant("policy.sampler.explore_noise zero", sampler={"explore_noise": "zero"}),
@@ -103,16 +110,27 @@ def shuffle_within(adv: torch.Tensor, mask: torch.Tensor, generator: torch.Gener
     return flat.view_as(adv)
 
 
+def gate_on_success(adv: torch.Tensor, rollout: Any) -> torch.Tensor:
+    """``adv`` where some decision of ``rollout`` earned its ``success`` term, zeros where none did: a sparse
+    rollout without a success holds only the critic's errors, and normalized they would move the actor as far as
+    a rollout with a success does."""
+    success = rollout.reward_terms.get("success")
+    return adv if success is not None and bool((success > 0).any()) else torch.zeros_like(adv)
+
+
 @contextlib.contextmanager
-def shuffled_advantages() -> Iterator[None]:
-    """PPO's advantages shuffled by :func:`shuffle_within` (a generator seeded by the iteration; the runs' own
-    seeds already differ in their rollouts) while the block runs; the learner's own method restored after."""
+def patched_advantages(kind: str) -> Iterator[None]:
+    """PPO's advantages changed while the block runs, the learner's own method restored after: ``shuffle``
+    (:func:`shuffle_within`, a generator seeded by the iteration; the runs' own seeds already differ in their
+    rollouts) or ``gate`` (:func:`gate_on_success`)."""
     from vla_rl.algorithms.ppo import PPOLearner
 
     original = PPOLearner.advantages
 
     def advantages(self: Any, rollout: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         adv, ret, mask = original(self, rollout)
+        if kind == "gate":
+            return gate_on_success(adv, rollout), ret, mask
         gen = torch.Generator().manual_seed(int(self.iteration))
         return shuffle_within(adv, mask, gen), ret, mask
 
@@ -147,7 +165,7 @@ def run_variant(name: str, seed: int, lr_actor: float, iterations: int, eval_eve
     if not (run / "report.json").exists():
         fields = {"policy": lr.preset_policy(variant.sampler)} if variant.sampler else {}
         env = start.env()
-        with shuffled_advantages() if variant.shuffle else contextlib.nullcontext():
+        with patched_advantages(variant.advantages) if variant.advantages else contextlib.nullcontext():
             lr.quickstart_run(seed, run, RewardConfig(terms={"success": 1.0}), iterations // variant.batch,
                               eval_every // variant.batch, sft_from=lr.pretrained(seed, out, start),
                               env=dataclasses.replace(env, num_envs=env.num_envs * variant.batch),

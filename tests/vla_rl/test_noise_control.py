@@ -25,6 +25,16 @@ def test_shuffle_within_permutes_only_the_valid_decisions():
     assert torch.equal(adv, torch.arange(12, dtype=torch.float32).view(4, 3))  # the input is not modified
 
 
+def test_gate_on_success_zeroes_only_rollouts_without_a_success():
+    adv = torch.randn(3, 2)
+    without = type("R", (), {"reward_terms": {"success": torch.zeros(3, 2)}})()
+    with_one = type("R", (), {"reward_terms": {"success": torch.tensor([[0.0, 0.0], [0.0, 1.0], [0.0, 0.0]])}})()
+    assert torch.equal(nc.gate_on_success(adv, without), torch.zeros(3, 2))
+    assert nc.gate_on_success(adv, with_one) is adv
+    no_term = type("R", (), {"reward_terms": {}})()  # a reward without a success term has nothing to gate on
+    assert torch.equal(nc.gate_on_success(adv, no_term), torch.zeros(3, 2))
+
+
 def test_shuffled_advantages_patches_ppo_while_active_and_restores_it(monkeypatch):
     from vla_rl.algorithms.ppo import PPOLearner
 
@@ -36,14 +46,14 @@ def test_shuffled_advantages_patches_ppo_while_active_and_restores_it(monkeypatc
 
     monkeypatch.setattr(PPOLearner, "advantages", fake)
     learner = type("L", (), {"iteration": 3})()
-    with nc.shuffled_advantages():
+    with nc.patched_advantages("shuffle"):
         a, r, m = PPOLearner.advantages(learner, None)
         assert sorted(a.flatten().tolist()) == adv.flatten().tolist() and not torch.equal(a, adv)
         assert r is ret and m is mask  # returns (the critic's targets) and the mask are untouched
         learner.iteration = 4
         assert not torch.equal(PPOLearner.advantages(learner, None)[0], a)  # a new permutation per iteration
     assert PPOLearner.advantages is fake
-    with pytest.raises(RuntimeError), nc.shuffled_advantages():
+    with pytest.raises(RuntimeError), nc.patched_advantages("shuffle"):
         raise RuntimeError("a run that fails")
     assert PPOLearner.advantages is fake
 

@@ -265,3 +265,25 @@ def test_a_prm_section_says_how_its_runs_explore():
     assert bench._explore({"noise_level": 0.25, "explore_noise": "zero"}).startswith(
         "Both runs explore at Flow-SDE noise level 0.25, chains from zero noise")
     assert "the preset's noise level, chains from zero noise" in bench._explore({"explore_noise": "zero"})
+
+
+def test_runs_without_advantage_normalization_are_named_apart_from_the_presets_and_pass_it_to_ppo(monkeypatch,
+                                                                                                    tmp_path):
+    assert bench.sparse_run(Path("o"), 2, norm=False).name == "prm-sparse-nonorm-s2"
+    assert bench.sparse_run(Path("o"), 2).name == "prm-sparse-s2"
+    assert bench.mixed_run(Path("o"), 2, "progress-v3", "milestone", 0.5, 0.0, norm=False).name \
+        == "prm-mixed-progress-v3-milestone-w0.5-a0-nonorm-s2"
+    seen = []
+
+    def fake_run(seed, run, reward, iterations, eval_every, **kw):
+        seen.append((run.name, kw["algo"]))
+        raise SystemExit("stop after the first run")
+
+    (tmp_path / "progress-v3-s2").mkdir()
+    (tmp_path / "progress-v3-s2" / "config.json").write_text("{}")
+    monkeypatch.setattr(bench, "quickstart_run", fake_run)
+    monkeypatch.setattr(bench, "pretrained", lambda seed, out, start: out)
+    monkeypatch.setattr(bench, "prm_reward", lambda *a: None)
+    with pytest.raises(SystemExit):
+        bench.part_prm(2, tmp_path, 10, 5, 0.5, 8, name="progress-v3", mode="milestone", anneal=0.0, norm=False)
+    assert seen == [("prm-mixed-progress-v3-milestone-w0.5-a0-nonorm-s2", {"normalize_advantages": False})]
