@@ -13,6 +13,7 @@ held-out episodes) with one change:
   critic still learns from it): the update's size follows whether the rollout holds any information;
 - ``no-norm``: ``algo.normalize_advantages false``. Per-rollout normalization gives a rollout without a success
   the same advantage scale as one with several, so Adam steps as far on noise as on signal;
+- ``shuffled-no-norm``: the noise control of ``no-norm`` (both changes), the drift its update size causes;
 - ``warmup-20``: ``algo.critic_warmup_iters 20`` (the preset's 3), a critic fitted longer before the actor moves;
 - ``zero-start``: ``policy.sampler.explore_noise zero``, exploring around the chain evaluation runs;
 - ``preset``: no change, the ``real`` run itself, for an actor step (``--lr_actor``) the rewards.json sections
@@ -88,6 +89,8 @@ VARIANTS = {
     "shuffled": Variant("advantages permuted among each rollout's decisions (noise control)", advantages="shuffle"),
     "success-gated": Variant("no actor signal from a rollout without a success", advantages="gate"),
     "no-norm": Variant("algo.normalize_advantages false", algo={"normalize_advantages": False}),
+    "shuffled-no-norm": Variant("the noise control without advantage normalization", advantages="shuffle",
+                                algo={"normalize_advantages": False}),
     "warmup-20": Variant("algo.critic_warmup_iters 20", algo={"critic_warmup_iters": 20}),
     "zero-start": Variant("policy.sampler.explore_noise zero", sampler={"explore_noise": "zero"}),
     "batch-2x": Variant("64 envs, algo.minibatch_size 384, half the iterations", algo={"minibatch_size": 384},
@@ -263,7 +266,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     keys = sorted(panels)
     names = sorted({r["variant"] for rows in panels.values() for r in rows})
     color = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per variant in every panel
-    color.update({"shuffled": "black"})
+    color.update({"shuffled": "black", "shuffled-no-norm": "grey"})
     fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False, sharey=True)
     for ax, key in zip(axes[0], keys):
         for r in sorted(panels[key], key=lambda r: r["variant"]):
