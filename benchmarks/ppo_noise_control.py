@@ -265,7 +265,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         panels.setdefault((row["lr_actor"], row["seed"]), []).append(row)
     keys = sorted(panels)
     names = sorted({r["variant"] for rows in panels.values() for r in rows})
-    color = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per variant in every panel
+    # one colour per variant in every panel (tab20: the default cycle repeats after 10)
+    color = {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate(names)}
     color.update({"shuffled": "black", "shuffled-no-norm": "grey"})
     fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False, sharey=True)
     for ax, key in zip(axes[0], keys):
