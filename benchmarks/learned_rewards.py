@@ -194,6 +194,12 @@ def model_path(kind: str, seed: int, out: Path) -> Path:
     return out / f"{kind}-s{seed}"
 
 
+def model_row_path(kind: str, seed: int, out: Path) -> Path:
+    """Where :func:`part_model` records its row (data, held-out metrics, times) beside the model it saved, so a part
+    that finds the model already trained still reports how it was made."""
+    return out / f"{kind}-s{seed}.json"
+
+
 def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, policy_episodes: int = 0,
                images_only: bool = False, name: str = "", start: Start = Start(), film: bool = True,
                counterfactual: bool = False) -> dict[str, Any]:
@@ -228,12 +234,14 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
         metrics = progress_metrics(model, held, held_targets)
     model.config.metrics = {"held_out": metrics}
     model.save(model_path(name or kind, seed, out))
-    return {"seed": seed, "train_episodes": len(train), "train_successes": sum(e.succeeded for e in train),
+    row = {"seed": seed, "train_episodes": len(train), "train_successes": sum(e.succeeded for e in train),
             **metrics, "record_s": t1 - t0, "fit_s": t2 - t1, "epochs": epochs,
             "policy_episodes": policy_episodes, "inputs": sorted(model.config.inputs),
             "reads_instruction": bool(model.config.vocabulary), "lr_schedule": fit.lr_schedule,
             "film": model.config.film, "counterfactual": fit.counterfactual,
             "path": str(model_path(name or kind, seed, out))}
+    write_json(model_row_path(name or kind, seed, out), row)
+    return row
 
 
 def quickstart_run(seed: int, run_dir: Path, reward: Any, iterations: int, eval_every: int,
@@ -350,8 +358,10 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     from rewards import RewardConfig
 
     prm = model_path(name, seed, out)
-    model_row = None
-    if not (prm / "config.json").exists():
+    if (prm / "config.json").exists():  # trained before: its recorded row, where there is one
+        recorded = model_row_path(name, seed, out)
+        model_row = json.loads(recorded.read_text()) if recorded.exists() else None
+    else:
         model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
                                counterfactual=counterfactual, start=start)
     t0 = time.perf_counter()
@@ -363,8 +373,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
                         (sparse_dir, RewardConfig(terms={"success": 1.0}))):
         if not (run / "report.json").exists():
             quickstart_run(seed, run, reward, iterations, eval_every, eval_episodes=eval_episodes,
-                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo or None, ema=ema,
-                           **fields)
+                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, ema=ema, **fields)
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     same_start(sparse_dir, sparse, mixed_dir, mixed)
     row = {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),

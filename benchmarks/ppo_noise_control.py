@@ -128,6 +128,8 @@ def patched_advantages(kind: str) -> Iterator[None]:
     rollouts) or ``gate`` (:func:`gate_on_success`)."""
     from vla_rl.algorithms.ppo import PPOLearner
 
+    if kind not in ("shuffle", "gate"):
+        raise ValueError(f"Variant.advantages must be 'shuffle' or 'gate', got {kind!r}")
     original = PPOLearner.advantages
 
     def advantages(self: Any, rollout: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

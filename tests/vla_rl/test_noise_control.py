@@ -56,6 +56,9 @@ def test_shuffled_advantages_patches_ppo_while_active_and_restores_it(monkeypatc
     with pytest.raises(RuntimeError), nc.patched_advantages("shuffle"):
         raise RuntimeError("a run that fails")
     assert PPOLearner.advantages is fake
+    with pytest.raises(ValueError, match="'shuffle' or 'gate'"), nc.patched_advantages("shufle"):
+        pass
+    assert PPOLearner.advantages is fake
 
 
 def test_reference_rows_are_cut_to_the_run_length():

@@ -287,3 +287,22 @@ def test_runs_without_advantage_normalization_are_named_apart_from_the_presets_a
     with pytest.raises(SystemExit):
         bench.part_prm(2, tmp_path, 10, 5, 0.5, 8, name="progress-v3", mode="milestone", anneal=0.0, norm=False)
     assert seen == [("prm-mixed-progress-v3-milestone-w0.5-a0-nonorm-s2", {"normalize_advantages": False})]
+
+
+def test_a_prm_trained_before_is_reported_from_the_row_recorded_beside_it(monkeypatch, tmp_path):
+    (tmp_path / "progress-v3-s1").mkdir()
+    (tmp_path / "progress-v3-s1" / "config.json").write_text("{}")
+    recorded = {"seed": 1, "spearman": 0.54, "policy_episodes": 200}
+    bench.model_row_path("progress-v3", 1, tmp_path).write_text(json.dumps(recorded))
+    curve = [(0, 0.1), (10, 0.2)]
+    for run in ("prm-sparse-s1", "prm-mixed-progress-v3-milestone-s1"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "report.json").write_text('{"wall_seconds": 1.0}')
+    monkeypatch.setattr(bench, "part_model", lambda *a, **k: pytest.fail("the PRM was trained again"))
+    monkeypatch.setattr(bench, "metrics", lambda run: [])
+    monkeypatch.setattr(bench, "evals", lambda rows: curve)
+    monkeypatch.setattr(bench, "prm_reward", lambda *a: None)
+    row = bench.part_prm(1, tmp_path, 10, 10, 1.0, 8, name="progress-v3", mode="milestone")
+    assert row["prm_model"] == recorded
+    bench.model_row_path("progress-v3", 1, tmp_path).unlink()  # a model from before rows were recorded
+    assert bench.part_prm(1, tmp_path, 10, 10, 1.0, 8, name="progress-v3", mode="milestone")["prm_model"] is None
