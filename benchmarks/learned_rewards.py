@@ -126,6 +126,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "rewards.json"
 NOISE = [0.0, 0.5, 1.0, 2.0]
 HELD_OUT_SEED = 7_000_000
 CLASSIFIER_PARTS = ("classifier", "ppo-classifier", "bc-classifier")
+ARMS = ("prm", "sparse")  # the prm part's two runs per seed: PRM + success, success alone
+PRESET_ITERATIONS = 200  # the quickstart_ppo preset's RL length: runs of another length are named -it<N>
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,7 +347,8 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
              name: str = "progress", film: bool = True, counterfactual: bool = False,
              mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None,
              lr_actor: float | None = None, ema: float = 0.0,
-             sampler: dict[str, Any] | None = None, norm: bool = True) -> dict[str, Any]:
+             sampler: dict[str, Any] | None = None, norm: bool = True, arms: tuple[str, ...] = ARMS,
+             extend: int = 0) -> dict[str, Any] | None:
     """The PRM + success run against the sparse run from the seed's pre-trained start (the PRM trained first if
     its folder is missing). ``lr_actor``: both runs' PPO actor step in place of the preset's (their folders named
     by it); the PRM run is then also read against the preset's own sparse runs where they exist (``vs_preset``:
@@ -353,10 +356,17 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     the step it learns best with. ``ema``: both runs evaluate that moving average of their weights (their folders
     named by it). ``sampler``: both runs' Flow-SDE sampler fields in place of the preset's (``noise_level``,
     ``explore_noise``; folders named by them). ``norm`` False: both runs without PPO's per-rollout advantage
-    normalization (``--algo.normalize_advantages false``; folders named ``-nonorm``). A finished run (its
-    ``report.json``) is read, not run again."""
+    normalization (``--algo.normalize_advantages false``; folders named ``-nonorm``). Runs of other than 200
+    ``iterations`` are named ``-it<N>``. ``arms``: run only these of ``prm`` and ``sparse`` (one process per arm, side
+    by side) and return None; the row needs both. ``extend`` N: the sparse arm continues its finished run of N
+    iterations (run first if missing; copied, so it stays) to ``iterations``, as an interrupted run resumes: the
+    first N iterations are that run's, and the envs are reset once at N. The PRM run's weight anneals over its own
+    length, so it always starts fresh. A finished run (its ``report.json``) is read, not run again."""
     from rewards import RewardConfig
 
+    if extend and (not 0 < extend < iterations or iterations % eval_every or extend % eval_every):
+        raise ValueError(f"--extend_sparse {extend}: must be under --iterations {iterations}, and both multiples of "
+                         f"--eval_every {eval_every}")
     prm = model_path(name, seed, out)
     if (prm / "config.json").exists():  # trained before: its recorded row, where there is one
         recorded = model_row_path(name, seed, out)
@@ -365,15 +375,27 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
         model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
                                counterfactual=counterfactual, start=start)
     t0 = time.perf_counter()
-    sparse_dir = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm)
-    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler, norm)
+    sparse_dir = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm, iterations=iterations)
+    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler, norm, iterations)
     algo = ({} if lr_actor is None else {"lr_actor": lr_actor}) | ({} if norm else {"normalize_advantages": False})
     fields = {"policy": preset_policy(sampler)} if sampler else {}
-    for run, reward in ((mixed_dir, prm_reward(prm, weight, mode, anneal)),
-                        (sparse_dir, RewardConfig(terms={"success": 1.0}))):
+
+    def run_arm(run: Path, reward: Any, length: int) -> None:
         if not (run / "report.json").exists():
-            quickstart_run(seed, run, reward, iterations, eval_every, eval_episodes=eval_episodes,
+            quickstart_run(seed, run, reward, length, eval_every, eval_episodes=eval_episodes,
                            sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, ema=ema, **fields)
+
+    if "prm" in arms:
+        run_arm(mixed_dir, prm_reward(prm, weight, mode, anneal), iterations)
+    if "sparse" in arms:
+        sparse_reward = RewardConfig(terms={"success": 1.0})
+        if extend and not sparse_dir.exists():
+            shorter = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm, iterations=extend)
+            run_arm(shorter, sparse_reward, extend)
+            copy_run(shorter, sparse_dir)
+        run_arm(sparse_dir, sparse_reward, iterations)
+    if set(arms) != set(ARMS):
+        return None
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
     same_start(sparse_dir, sparse, mixed_dir, mixed)
     row = {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
@@ -386,6 +408,18 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     if lr_actor is not None:
         row.update(vs_preset(out, seed, mixed, eval_episodes))
     return row
+
+
+def copy_run(run: Path, dest: Path) -> None:
+    """``run``'s folder copied to ``dest`` (through a temporary name, so a copy cut short is never taken for a run)
+    without its ``report.json``, so the copy resumes from ``run``'s last checkpoint rather than being read as
+    finished."""
+    import shutil
+
+    tmp = dest.with_name(dest.name + ".copying")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(run, tmp, ignore=shutil.ignore_patterns("report.json"))
+    tmp.rename(dest)
 
 
 def vs_preset(out: Path, seed: int, mixed: list[tuple[int, float]], episodes: int) -> dict[str, Any]:
@@ -414,26 +448,27 @@ def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any
 
 
 def sparse_run(out: Path, seed: int, lr_actor: float | None = None, replicate: bool = False, ema: float = 0.0,
-               sampler: dict[str, Any] | None = None, norm: bool = True) -> Path:
+               sampler: dict[str, Any] | None = None, norm: bool = True, iterations: int = PRESET_ITERATIONS) -> Path:
     """The run folder of a sparse run of ``seed``: the ``prm`` part's (A), or with ``replicate`` the
     ``prm-replicate`` part's (B, RL seed + :data:`REPLICATE_SEED`); named by ``--lr_actor``, ``--ema`` and
-    ``--noise_level`` and ``--no_adv_norm`` where set."""
-    suffix = _run_suffix(lr_actor, ema, sampler, norm)
+    ``--noise_level``, ``--no_adv_norm`` and ``--iterations`` where set."""
+    suffix = _run_suffix(lr_actor, ema, sampler, norm, iterations)
     return out / (f"prm-sparse{suffix}" + (f"-r{REPLICATE_SEED}" if replicate else "") + f"-s{seed}")
 
 
 def _run_suffix(lr_actor: float | None, ema: float = 0.0, sampler: dict[str, Any] | None = None,
-                norm: bool = True) -> str:
+                norm: bool = True, iterations: int = PRESET_ITERATIONS) -> str:
     """``-lr<step>`` in a run folder's name for a run at another PPO actor step (``--lr_actor``), ``-ema<decay>``
     for one that evaluates the moving average of its weights (``--ema``) and ``-n<level>[z]`` for one that explores
     at another Flow-SDE noise level (``z``: chains from zero noise), ``-nonorm`` for one without advantage
-    normalization (``--no_adv_norm``); empty for the preset's runs."""
+    normalization (``--no_adv_norm``), ``-it<N>`` for one of other than the preset's 200 iterations; empty for the
+    preset's runs."""
     noise = ""
     if sampler:
         level = sampler.get("noise_level", ppo_preset().policy.sampler.noise_level)
         noise = f"-n{level:g}" + ("z" if sampler.get("explore_noise") == "zero" else "")
     return (("" if lr_actor is None else f"-lr{lr_actor:g}") + (f"-ema{ema:g}" if ema else "") + noise
-            + ("" if norm else "-nonorm"))
+            + ("" if norm else "-nonorm") + ("" if iterations == PRESET_ITERATIONS else f"-it{iterations}"))
 
 
 def preset_policy(sampler: dict[str, Any] | None) -> Any:
@@ -448,11 +483,11 @@ def preset_policy(sampler: dict[str, Any] | None) -> Any:
 
 def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None,
               lr_actor: float | None = None, ema: float = 0.0, sampler: dict[str, Any] | None = None,
-              norm: bool = True) -> Path:
+              norm: bool = True, iterations: int = PRESET_ITERATIONS) -> Path:
     """The run folder of the PRM + success run of ``seed`` with these ``--prm*`` settings (``--prm``'s help)."""
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
                + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}")
-               + _run_suffix(lr_actor, ema, sampler, norm))
+               + _run_suffix(lr_actor, ema, sampler, norm, iterations))
     return out / f"prm-mixed{variant}-s{seed}"
 
 
@@ -1274,6 +1309,13 @@ def main() -> None:
     p.add_argument("--no_adv_norm", action="store_true",
                    help="prm: both runs without PPO's per-rollout advantage normalization "
                         "(--algo.normalize_advantages false; folders named -nonorm)")
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                   help="prm: run only these arms and write no row (one process per arm, side by side; a last "
+                        "call with both reads the finished runs and writes the row)")
+    p.add_argument("--extend_sparse", type=int, default=0, metavar="N",
+                   help="prm: the sparse arm continues its finished run of N iterations (run first if missing) to "
+                        "--iterations, as an interrupted run resumes, instead of starting fresh (the PRM run, "
+                        "whose weight anneals over its length, always starts fresh)")
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
                         "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>][-a<anneal>]-s<seed>")
@@ -1366,7 +1408,11 @@ def main() -> None:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,
                                args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal,
-                               args.lr_actor, args.ema, sampler_fields(args), not args.no_adv_norm)
+                               args.lr_actor, args.ema, sampler_fields(args), not args.no_adv_norm,
+                               tuple(args.arms), args.extend_sparse)
+                if row is None:  # one arm run alone: the row waits for the other
+                    print(f"prm seed {seed}: {' and '.join(args.arms)} finished", flush=True)
+                    continue
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"

@@ -285,7 +285,7 @@ def test_runs_without_advantage_normalization_are_named_apart_from_the_presets_a
     monkeypatch.setattr(bench, "pretrained", lambda seed, out, start: out)
     monkeypatch.setattr(bench, "prm_reward", lambda *a: None)
     with pytest.raises(SystemExit):
-        bench.part_prm(2, tmp_path, 10, 5, 0.5, 8, name="progress-v3", mode="milestone", anneal=0.0, norm=False)
+        bench.part_prm(2, tmp_path, 200, 5, 0.5, 8, name="progress-v3", mode="milestone", anneal=0.0, norm=False)
     assert seen == [("prm-mixed-progress-v3-milestone-w0.5-a0-nonorm-s2", {"normalize_advantages": False})]
 
 
@@ -302,7 +302,39 @@ def test_a_prm_trained_before_is_reported_from_the_row_recorded_beside_it(monkey
     monkeypatch.setattr(bench, "metrics", lambda run: [])
     monkeypatch.setattr(bench, "evals", lambda rows: curve)
     monkeypatch.setattr(bench, "prm_reward", lambda *a: None)
-    row = bench.part_prm(1, tmp_path, 10, 10, 1.0, 8, name="progress-v3", mode="milestone")
+    row = bench.part_prm(1, tmp_path, 200, 10, 1.0, 8, name="progress-v3", mode="milestone")
     assert row["prm_model"] == recorded
     bench.model_row_path("progress-v3", 1, tmp_path).unlink()  # a model from before rows were recorded
-    assert bench.part_prm(1, tmp_path, 10, 10, 1.0, 8, name="progress-v3", mode="milestone")["prm_model"] is None
+    assert bench.part_prm(1, tmp_path, 200, 10, 1.0, 8, name="progress-v3", mode="milestone")["prm_model"] is None
+
+
+def test_longer_runs_are_named_by_length_and_one_arm_runs_alone(monkeypatch, tmp_path):
+    assert bench.sparse_run(Path("o"), 2, norm=False, iterations=400).name == "prm-sparse-nonorm-it400-s2"
+    assert bench.sparse_run(Path("o"), 2, iterations=200).name == "prm-sparse-s2"
+    assert bench.mixed_run(Path("o"), 2, "progress-v3", "milestone", 0.5, 0.0, norm=False, iterations=400).name \
+        == "prm-mixed-progress-v3-milestone-w0.5-a0-nonorm-it400-s2"
+    ran = []
+
+    def fake_run(seed, run, reward, iterations, eval_every, **kw):
+        ran.append((run.name, iterations, sorted(p.name for p in run.iterdir()) if run.exists() else None))
+        (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (run / "checkpoints" / f"iter_{iterations:06d}").write_text("")
+        (run / "report.json").write_text('{"wall_seconds": 1.0}')
+
+    (tmp_path / "progress-v3-s2").mkdir()
+    (tmp_path / "progress-v3-s2" / "config.json").write_text("{}")
+    monkeypatch.setattr(bench, "quickstart_run", fake_run)
+    monkeypatch.setattr(bench, "pretrained", lambda seed, out, start: out)
+    monkeypatch.setattr(bench, "prm_reward", lambda *a: None)
+    args = dict(name="progress-v3", mode="milestone", anneal=0.0, norm=False)
+    # the sparse arm alone, extending its 200-iteration run: that run first, then a copy of it resumed to 400
+    assert bench.part_prm(2, tmp_path, 400, 40, 0.5, 8, **args, arms=("sparse",), extend=200) is None
+    assert ran == [("prm-sparse-nonorm-s2", 200, None), ("prm-sparse-nonorm-it400-s2", 400, ["checkpoints"])]
+    assert (tmp_path / "prm-sparse-nonorm-s2" / "report.json").exists()  # the shorter run stays as it was
+    assert sorted(p.name for p in (tmp_path / "prm-sparse-nonorm-it400-s2" / "checkpoints").iterdir()) == \
+        ["iter_000200", "iter_000400"]
+    ran.clear()
+    assert bench.part_prm(2, tmp_path, 400, 40, 0.5, 8, **args, arms=("prm",)) is None
+    assert ran == [("prm-mixed-progress-v3-milestone-w0.5-a0-nonorm-it400-s2", 400, None)]
+    with pytest.raises(ValueError, match="--extend_sparse 300"):
+        bench.part_prm(3, tmp_path, 400, 40, 0.5, 8, **args, arms=("sparse",), extend=300)
