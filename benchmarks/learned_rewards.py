@@ -40,7 +40,12 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   (with ``--explore_noise zero``) has both arms explore with Flow-SDE noise level N (chains from zero noise)
   instead of the preset's 0.5 from random noise, gentler exploration for tasks whose successes need centimetre
   placement, and names their folders ``-n<N>[z]``. ``--no_adv_norm`` runs both arms without PPO's per-rollout
-  advantage normalization (``--algo.normalize_advantages false``; folders ``-nonorm``).
+  advantage normalization (``--algo.normalize_advantages false``; folders ``-nonorm``). ``--iterations N`` other
+  than the preset's 200 names both arms' folders ``-it<N>``; ``--extend_sparse M`` has the sparse arm continue its
+  finished M-iteration run (copied) to N, as an interrupted run resumes, rather than start fresh (the PRM run's
+  weight anneals over its own length, so it starts fresh). ``--arms prm`` or ``--arms sparse`` runs one arm and
+  writes no row, so the two arms of a seed run as two processes side by side; a last call with both arms reads the
+  finished runs and writes the row.
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
