@@ -930,6 +930,49 @@ def preset_lr_actor() -> float:
     return ppo_preset().algo.lr_actor
 
 
+def prm_summary(results: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every ``prm`` section's rows read together: per section, its seeds, the rows whose sparse run improved
+    (the only ones that can meet the target), how many of those met it (:func:`prm_ok`) and their seeds' step
+    ratios (NaN: never reached); and the same pooled over every section, with the median ratio (a row that never reached
+    the sparse final counts as above every ratio)."""
+    per_section, pooled = [], []
+    for key in prm_keys(results):
+        rows = _by_seed(results[key])
+        readable = [r for _, r in rows if r["sparse_improved"]]
+        per_section.append({"section": key, "seeds": len(rows), "readable": len(readable),
+                            "met": sum(prm_ok(r) for r in readable),
+                            "ratios": [(seed, r["step_ratio"]) for seed, r in rows if r["sparse_improved"]]})
+        pooled += readable
+    ratios = sorted((math.inf if math.isnan(r["step_ratio"]) else r["step_ratio"]) for r in pooled)
+    median = float("nan") if not ratios else (ratios[len(ratios) // 2] if len(ratios) % 2 else
+                                               (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2)
+    total = {"seeds": sum(s["seeds"] for s in per_section), "readable": len(pooled),
+             "met": sum(prm_ok(r) for r in pooled), "never": sum(math.isnan(r["step_ratio"]) for r in pooled),
+             "median_ratio": median}
+    return per_section, total
+
+
+def render_prm_summary(results: dict[str, Any]) -> list[str]:
+    """The table of :func:`prm_summary`: the PRM target over every section at once."""
+    per_section, total = prm_summary(results)
+    if not per_section:
+        return []
+    out = ["", "### Process reward model: every section read together", "",
+           "Each `prm` section above, one line: its seeds, those whose sparse run improved on the start (only they "
+           "can meet the target), how many of those met it, and their step ratios (- : the PRM run never reached the "
+           "sparse final). Sections differ in recipe, start and task, and a few share runs (a section re-read at "
+           "another evaluation grid, or a sparse run reused), so the pooled line counts rows, not independent runs.",
+           "", "| section | seeds | sparse improved | met | ratios where it improved |", "|---|---:|---:|---:|---|"]
+    for s in per_section:
+        ratios = ", ".join(f"s{seed} {_ratio(r)}" for seed, r in s["ratios"]) or "-"
+        out.append(f"| {s['section']} | {s['seeds']} | {s['readable']} | {s['met']} | {ratios} |")
+    median = total["median_ratio"]
+    shown = "-" if math.isnan(median) else ("never reached" if math.isinf(median) else f"{median:.2f}")
+    out.append(f"| **all** | {total['seeds']} | {total['readable']} | {total['met']} | median {shown}; "
+               f"{total['never']} never reached |")
+    return out
+
+
 def render_vs_preset(sec: dict[str, Any]) -> list[str]:
     """For a ``prm`` section run at another actor step (``--lr_actor``): its PRM runs read against the preset's
     sparse runs of the same start (:func:`vs_preset`), A alone and the mean of A and B; empty if it has none."""
@@ -1158,6 +1201,7 @@ def render(results: dict[str, Any]) -> str:
                        f"{'yes' if prm_ok(r) else 'no'} | {_ratio(smooth)} |")
         out += render_vs_preset(sec)
         out += ["", f"![held-out success of the sparse and the PRM run per seed](img/{plot_name(key)})"]
+    out += render_prm_summary(results)
     for key in replicate_keys(results):
         out += render_replicate(key, results[key])
     for key in curriculum_keys(results):

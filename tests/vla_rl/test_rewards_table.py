@@ -338,3 +338,21 @@ def test_longer_runs_are_named_by_length_and_one_arm_runs_alone(monkeypatch, tmp
     assert ran == [("prm-mixed-progress-v3-milestone-w0.5-a0-nonorm-it400-s2", 400, None)]
     with pytest.raises(ValueError, match="--extend_sparse 300"):
         bench.part_prm(3, tmp_path, 400, 40, 0.5, 8, **args, arms=("sparse",), extend=300)
+
+
+def test_every_prm_section_is_read_together_counting_only_rows_whose_sparse_run_improved():
+    def row(improved, ratio, mixed_final=0.5):
+        return {"sparse_improved": improved, "step_ratio": ratio, "sparse_final": 0.4, "mixed_final": mixed_final}
+
+    results = {"prm": {"seeds": {"0": row(True, 0.5), "1": row(False, 0.2), "2": row(True, float("nan"))}},
+               "prm (late, session 9)": {"seeds": {"0": row(True, 0.8), "1": row(True, 0.4, mixed_final=0.1)}},
+               "classifier": {"seeds": {"0": {"episode_accuracy": 1.0}}}}
+    per_section, total = bench.prm_summary(results)
+    assert [(s["section"], s["seeds"], s["readable"], s["met"]) for s in per_section] == [
+        ("prm", 3, 2, 1), ("prm (late, session 9)", 2, 2, 0)]  # 0.4 but collapsed below the sparse final: not met
+    assert total["readable"] == 4 and total["met"] == 1 and total["never"] == 1
+    assert total["median_ratio"] == pytest.approx(0.65)  # of 0.4, 0.5, 0.8 and never (above every ratio)
+    table = "\n".join(bench.render_prm_summary(results))
+    assert "| prm | 3 | 2 | 1 | s0 0.50, s2 - |" in table
+    assert "| **all** | 5 | 4 | 1 | median 0.65; 1 never reached |" in table
+    assert bench.render_prm_summary({"classifier": results["classifier"]}) == []
