@@ -372,13 +372,14 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     if extend and (not 0 < extend < iterations or iterations % eval_every or extend % eval_every):
         raise ValueError(f"--extend_sparse {extend}: must be under --iterations {iterations}, and both multiples of "
                          f"--eval_every {eval_every}")
-    prm = model_path(name, seed, out)
-    if (prm / "config.json").exists():  # trained before: its recorded row, where there is one
+    prm, model_row = model_path(name, seed, out), None
+    if "prm" in arms:  # the sparse arm alone neither needs the PRM nor trains it
         recorded = model_row_path(name, seed, out)
-        model_row = json.loads(recorded.read_text()) if recorded.exists() else None
-    else:
-        model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
-                               counterfactual=counterfactual, start=start)
+        if not (prm / "config.json").exists():
+            model_row = part_model("progress", seed, episodes, epochs, out, policy_episodes, name=name, film=film,
+                                   counterfactual=counterfactual, start=start)
+        elif recorded.exists():  # trained before: its recorded row, where there is one
+            model_row = json.loads(recorded.read_text())
     t0 = time.perf_counter()
     sparse_dir = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm, iterations=iterations)
     mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler, norm, iterations)
@@ -935,20 +936,20 @@ def prm_summary(results: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str
     (the only ones that can meet the target), how many of those met it (:func:`prm_ok`) and their seeds' step
     ratios (NaN: never reached); and the same pooled over every section, with the median ratio (a row that never reached
     the sparse final counts as above every ratio)."""
-    per_section, pooled = [], []
+    import statistics
+
+    per_section = []
     for key in prm_keys(results):
         rows = _by_seed(results[key])
-        readable = [r for _, r in rows if r["sparse_improved"]]
+        readable = [(seed, r) for seed, r in rows if r["sparse_improved"]]
         per_section.append({"section": key, "seeds": len(rows), "readable": len(readable),
-                            "met": sum(prm_ok(r) for r in readable),
-                            "ratios": [(seed, r["step_ratio"]) for seed, r in rows if r["sparse_improved"]]})
-        pooled += readable
-    ratios = sorted((math.inf if math.isnan(r["step_ratio"]) else r["step_ratio"]) for r in pooled)
-    median = float("nan") if not ratios else (ratios[len(ratios) // 2] if len(ratios) % 2 else
-                                               (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2)
-    total = {"seeds": sum(s["seeds"] for s in per_section), "readable": len(pooled),
-             "met": sum(prm_ok(r) for r in pooled), "never": sum(math.isnan(r["step_ratio"]) for r in pooled),
-             "median_ratio": median}
+                            "met": sum(prm_ok(r) for _, r in readable),
+                            "ratios": [(seed, r["step_ratio"]) for seed, r in readable]})
+    ratios = [ratio for s in per_section for _, ratio in s["ratios"]]
+    total = {"seeds": sum(s["seeds"] for s in per_section), "readable": len(ratios),
+             "met": sum(s["met"] for s in per_section), "never": sum(math.isnan(r) for r in ratios),
+             "median_ratio": statistics.median([math.inf if math.isnan(r) else r for r in ratios]) if ratios
+             else float("nan")}
     return per_section, total
 
 

@@ -338,6 +338,10 @@ def test_longer_runs_are_named_by_length_and_one_arm_runs_alone(monkeypatch, tmp
     assert ran == [("prm-mixed-progress-v3-milestone-w0.5-a0-nonorm-it400-s2", 400, None)]
     with pytest.raises(ValueError, match="--extend_sparse 300"):
         bench.part_prm(3, tmp_path, 400, 40, 0.5, 8, **args, arms=("sparse",), extend=300)
+    ran.clear()  # a seed whose PRM is not trained yet: its sparse arm alone runs without training it
+    monkeypatch.setattr(bench, "part_model", lambda *a, **k: pytest.fail("the sparse arm trained the PRM"))
+    assert bench.part_prm(4, tmp_path, 200, 40, 0.5, 8, **args, arms=("sparse",)) is None
+    assert ran == [("prm-sparse-nonorm-s4", 200, None)]
 
 
 def test_every_prm_section_is_read_together_counting_only_rows_whose_sparse_run_improved():
