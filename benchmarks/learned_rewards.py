@@ -30,7 +30,8 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   episodes of the seed's pre-trained policy (stage-labelled like the expert's) to the PRM's training and held-out
   data, so it has seen the states RL starts from; ``--prm_weight`` (default 1) other than 1 also names the mixed run,
   and so does ``--prm_anneal W`` (the prm weight moves linearly to ``W`` by the run's last iteration:
-  ``reward.anneal``). ``--env`` runs it on another tabletop task, e.g. ``mujoco/stack-any`` (reach, grasp, lift,
+  ``reward.anneal``; with ``--prm_anneal_end F`` by fraction F of the run, named ``-e<F>``). ``--env`` runs it on
+  another tabletop task, e.g. ``mujoco/stack-any`` (reach, grasp, lift,
   place: the single-skill task with the most stages), with its own pre-trained start (``--demos``, ``--sft_steps``,
   ``--start_success``, ``--check_every``) in an ``--out`` of its own. ``--lr_actor X`` runs both arms at PPO actor
   step X instead of the preset's (a dense reward may carry a larger step than the sparse one does), names their
@@ -353,7 +354,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
              mode: str = "potential", policy_episodes: int = 0, anneal: float | None = None,
              lr_actor: float | None = None, ema: float = 0.0,
              sampler: dict[str, Any] | None = None, norm: bool = True, arms: tuple[str, ...] = ARMS,
-             extend: int = 0) -> dict[str, Any] | None:
+             extend: int = 0, anneal_end: float = 1.0) -> dict[str, Any] | None:
     """The PRM + success run against the sparse run from the seed's pre-trained start (the PRM trained first if
     its folder is missing). ``lr_actor``: both runs' PPO actor step in place of the preset's (their folders named
     by it); the PRM run is then also read against the preset's own sparse runs where they exist (``vs_preset``:
@@ -366,7 +367,8 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     by side) and return None; the row needs both. ``extend`` N: the sparse arm continues its finished run of N
     iterations (run first if missing; copied, so it stays) to ``iterations``, as an interrupted run resumes: the
     first N iterations are that run's, and the envs are reset once at N. The PRM run's weight anneals over its own
-    length, so it always starts fresh. A finished run (its ``report.json``) is read, not run again."""
+    length, so it always starts fresh; ``anneal_end`` < 1 reaches ``anneal`` at that fraction of the run instead
+    (``reward.anneal_end``). A finished run (its ``report.json``) is read, not run again."""
     from rewards import RewardConfig
 
     if extend and (not 0 < extend < iterations or iterations % eval_every or extend % eval_every):
@@ -382,7 +384,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
             model_row = json.loads(recorded.read_text())
     t0 = time.perf_counter()
     sparse_dir = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm, iterations=iterations)
-    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler, norm, iterations)
+    mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler, norm, iterations, anneal_end)
     algo = ({} if lr_actor is None else {"lr_actor": lr_actor}) | ({} if norm else {"normalize_advantages": False})
     fields = {"policy": preset_policy(sampler)} if sampler else {}
 
@@ -392,7 +394,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
                            sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, ema=ema, **fields)
 
     if "prm" in arms:
-        run_arm(mixed_dir, prm_reward(prm, weight, mode, anneal), iterations)
+        run_arm(mixed_dir, prm_reward(prm, weight, mode, anneal, anneal_end), iterations)
     if "sparse" in arms:
         sparse_reward = RewardConfig(terms={"success": 1.0})
         if extend and not sparse_dir.exists():
@@ -406,7 +408,8 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     same_start(sparse_dir, sparse, mixed_dir, mixed)
     row = {"seed": seed, "start": sparse[0][1], "sparse_steps": sparse[-1][0], **compare(sparse, mixed, eval_episodes),
            "sparse_curve": sparse, "mixed_curve": mixed, "prm_weight": weight, "prm_mode": mode,
-           "prm_anneal": anneal, "lr_actor": lr_actor, "ema": ema, "sampler": sampler, "normalize_advantages": norm,
+           "prm_anneal": anneal, "prm_anneal_end": anneal_end, "lr_actor": lr_actor, "ema": ema, "sampler": sampler,
+           "normalize_advantages": norm,
            "wall_s": time.perf_counter() - t0, "prm": str(prm),
            "prm_model": model_row,  # each run's own wall time, also where it was read rather than run here
            "runs_wall_s": {run.name: json.loads((run / "report.json").read_text()).get("wall_seconds")
@@ -443,14 +446,15 @@ def vs_preset(out: Path, seed: int, mixed: list[tuple[int, float]], episodes: in
     return row
 
 
-def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None) -> Any:
+def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None, anneal_end: float = 1.0) -> Any:
     """The PRM + success run's RewardConfig: sparse success plus the process reward model at ``prm`` by ``weight``
-    in form ``mode``, annealed to ``anneal`` by the last iteration (None: constant)."""
+    in form ``mode``, annealed to ``anneal`` by the last iteration, or by fraction ``anneal_end`` of the run (None:
+    constant)."""
     from rewards import RewardConfig
     from rewards.learned.terms import ProgressTermConfig
 
     return RewardConfig(terms={"success": 1.0, "prm": weight}, prm=ProgressTermConfig(path=str(prm), mode=mode),
-                        anneal={} if anneal is None else {"prm": anneal})
+                        anneal={} if anneal is None else {"prm": anneal}, anneal_end=anneal_end)
 
 
 def sparse_run(out: Path, seed: int, lr_actor: float | None = None, replicate: bool = False, ema: float = 0.0,
@@ -489,10 +493,11 @@ def preset_policy(sampler: dict[str, Any] | None) -> Any:
 
 def mixed_run(out: Path, seed: int, name: str, mode: str, weight: float, anneal: float | None,
               lr_actor: float | None = None, ema: float = 0.0, sampler: dict[str, Any] | None = None,
-              norm: bool = True, iterations: int = PRESET_ITERATIONS) -> Path:
+              norm: bool = True, iterations: int = PRESET_ITERATIONS, anneal_end: float = 1.0) -> Path:
     """The run folder of the PRM + success run of ``seed`` with these ``--prm*`` settings (``--prm``'s help)."""
     variant = (("" if name == "progress" else f"-{name}") + ("" if mode == "potential" else f"-{mode}")
                + ("" if weight == 1.0 else f"-w{weight:g}") + ("" if anneal is None else f"-a{anneal:g}")
+               + ("" if anneal is None or anneal_end == 1.0 else f"-e{anneal_end:g}")
                + _run_suffix(lr_actor, ema, sampler, norm, iterations))
     return out / f"prm-mixed{variant}-s{seed}"
 
@@ -1166,8 +1171,12 @@ def render(results: dict[str, Any]) -> str:
         every = sec.get("conditions", {}).get("args", {}).get("eval_every", 25)
         data = f" The PRMs also learned from {policy} episodes of the seed's pre-trained policy." if policy else ""
         anneal = first.get("prm_anneal")
+        end = first.get("prm_anneal_end", 1.0)
         fade = (f" The prm weight moved linearly from {weight:g} to {anneal:g} over the run (`--reward.anneal "
-                f"'{{prm: {anneal:g}}}'`)." if anneal is not None else "")
+                f"'{{prm: {anneal:g}}}'`)." if anneal is not None and end == 1.0 else
+                f" The prm weight moved linearly from {weight:g} to {anneal:g} over the first {end:.0%} of the run's "
+                f"iterations and stayed there (`--reward.anneal '{{prm: {anneal:g}}}' --reward.anneal_end {end:g}`)."
+                if anneal is not None else "")
         lr = first.get("lr_actor")
         step = (f" Both runs' PPO actor step is {lr:g} (`--algo.lr_actor`), not the preset's {preset_lr_actor():g}."
                 if lr is not None else "")
@@ -1344,6 +1353,9 @@ def main() -> None:
     p.add_argument("--prm_anneal", type=float, default=None,
                    help="prm: the weight the prm term reaches at the run's last iteration, linearly from --prm_weight "
                         "(reward.anneal; names the mixed run -a<weight>)")
+    p.add_argument("--prm_anneal_end", type=float, default=1.0,
+                   help="prm: the fraction of the run's iterations by which --prm_anneal's weight is reached, and kept "
+                        "from then on (reward.anneal_end; other than 1 names the mixed run -e<fraction>)")
     p.add_argument("--lr_actor", type=float, default=None,
                    help="prm: both runs' PPO actor step (default: the quickstart_ppo preset's); names their folders, "
                         "and the PRM run is also read against the preset's sparse runs under --out")
@@ -1449,9 +1461,10 @@ def main() -> None:
                                       args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer,
                                       args.curriculum_preset)
             elif part == "prm-replicate":
-                mixed = mixed_run(out, seed, args.prm, args.prm_mode, args.prm_weight, args.prm_anneal)
+                mixed = mixed_run(out, seed, args.prm, args.prm_mode, args.prm_weight, args.prm_anneal,
+                                  anneal_end=args.prm_anneal_end)
                 reward = prm_reward(model_path(args.prm, seed, out), args.prm_weight, args.prm_mode,
-                                    args.prm_anneal) if args.replicate_prm else None
+                                    args.prm_anneal, args.prm_anneal_end) if args.replicate_prm else None
                 row = part_prm_replicate(seed, out, args.iterations, args.eval_every, args.eval_episodes, start, mixed,
                                          reward)
             else:
@@ -1459,7 +1472,7 @@ def main() -> None:
                                args.episodes, args.epochs, start, args.prm, args.film,
                                args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal,
                                args.lr_actor, args.ema, sampler_fields(args), not args.no_adv_norm,
-                               tuple(args.arms), args.extend_sparse)
+                               tuple(args.arms), args.extend_sparse, args.prm_anneal_end)
                 if row is None:  # one arm run alone: the row waits for the other
                     print(f"prm seed {seed}: {' and '.join(args.arms)} finished", flush=True)
                     continue

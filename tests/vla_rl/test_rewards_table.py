@@ -360,3 +360,14 @@ def test_every_prm_section_is_read_together_counting_only_rows_whose_sparse_run_
     assert "| prm | 3 | 2 | 1 | s0 0.50, s2 - |" in table
     assert "| **all** | 5 | 4 | 1 | median 0.65; 1 never reached |" in table
     assert bench.render_prm_summary({"classifier": results["classifier"]}) == []
+
+
+def test_a_prm_weight_that_fades_early_is_named_by_when_and_reaches_its_final_weight_there():
+    assert bench.mixed_run(Path("o"), 2, "progress-v3", "milestone", 0.5, 0.0, norm=False, iterations=400,
+                           anneal_end=0.5).name == "prm-mixed-progress-v3-milestone-w0.5-a0-e0.5-nonorm-it400-s2"
+    assert bench.mixed_run(Path("o"), 2, "progress-v3", "milestone", 0.5, 0.0, anneal_end=1.0).name \
+        == "prm-mixed-progress-v3-milestone-w0.5-a0-s2"
+    reward = bench.prm_reward(Path("p"), 0.5, "milestone", 0.0, 0.5)
+    assert dict(reward.weights(0.25))["prm"] == pytest.approx(0.25)
+    assert dict(reward.weights(0.5))["prm"] == 0.0 and dict(reward.weights(0.9))["prm"] == 0.0
+    assert dict(bench.prm_reward(Path("p"), 0.5, "milestone", 0.0).weights(0.5))["prm"] == pytest.approx(0.25)
