@@ -115,6 +115,7 @@ import math
 import os
 import platform
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -941,8 +942,6 @@ def prm_summary(results: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str
     (the only ones that can meet the target), how many of those met it (:func:`prm_ok`) and their seeds' step
     ratios (NaN: never reached); and the same pooled over every section, with the median ratio (a row that never reached
     the sparse final counts as above every ratio)."""
-    import statistics
-
     per_section = []
     for key in prm_keys(results):
         rows = _by_seed(results[key])
@@ -1171,12 +1170,14 @@ def render(results: dict[str, Any]) -> str:
         every = sec.get("conditions", {}).get("args", {}).get("eval_every", 25)
         data = f" The PRMs also learned from {policy} episodes of the seed's pre-trained policy." if policy else ""
         anneal = first.get("prm_anneal")
-        end = first.get("prm_anneal_end", 1.0)
-        fade = (f" The prm weight moved linearly from {weight:g} to {anneal:g} over the run (`--reward.anneal "
-                f"'{{prm: {anneal:g}}}'`)." if anneal is not None and end == 1.0 else
-                f" The prm weight moved linearly from {weight:g} to {anneal:g} over the first {end:.0%} of the run's "
-                f"iterations and stayed there (`--reward.anneal '{{prm: {anneal:g}}}' --reward.anneal_end {end:g}`)."
-                if anneal is not None else "")
+        fade = ""
+        if anneal is not None:
+            end = first.get("prm_anneal_end", 1.0)
+            span, flag = (("over the run", "") if end == 1.0 else
+                          (f"over the first {end:.0%} of the run's iterations and stayed there",
+                           f" --reward.anneal_end {end:g}"))
+            fade = (f" The prm weight moved linearly from {weight:g} to {anneal:g} {span} (`--reward.anneal "
+                    f"'{{prm: {anneal:g}}}'{flag}`).")
         lr = first.get("lr_actor")
         step = (f" Both runs' PPO actor step is {lr:g} (`--algo.lr_actor`), not the preset's {preset_lr_actor():g}."
                 if lr is not None else "")
