@@ -46,7 +46,8 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   finished M-iteration run (copied) to N, as an interrupted run resumes, rather than start fresh (the PRM run's
   weight anneals over its own length, so it starts fresh). ``--arms prm`` or ``--arms sparse`` runs one arm and
   writes no row, so the two arms of a seed run as two processes side by side; a last call with both arms reads the
-  finished runs and writes the row.
+  finished runs and writes the row. ``prm-replicate`` takes the same ``--no_adv_norm``, ``--iterations``,
+  ``--extend_sparse`` and ``--arms`` (its B runs made as the ``prm`` part's were).
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -524,7 +525,8 @@ REPLICATE_SEED = 100
 
 
 def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, eval_episodes: int,
-                       start: Start, mixed_dir: Path, mixed_reward: Any = None) -> dict[str, Any]:
+                       start: Start, mixed_dir: Path, mixed_reward: Any = None, norm: bool = True, extend: int = 0,
+                       arms: tuple[str, ...] = ARMS) -> dict[str, Any] | None:
     """A second sparse run (B) from the seed's pre-trained start, on the same held-out episodes as the ``prm``
     part's sparse run (A), differing only in the RL seed (its training episodes and sampling noise). B against A
     is the target's test on two runs that differ by chance alone; the PRM run (``mixed_dir``, where it exists) is
@@ -532,30 +534,45 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
 
     ``mixed_reward`` (the PRM run's RewardConfig, :func:`prm_reward`): also a second PRM + success run with B's RL
     seed, so each arm has two runs, and the mean of the PRM runs is read against the mean of the sparse runs (the
-    fair reading of the target at one start). A finished run (its ``report.json``) is read, not run again."""
+    fair reading of the target at one start). ``norm``, ``extend`` and ``iterations`` are the ``prm`` part's
+    (:func:`part_prm`): B is made as A was (without advantage normalization, extended from its own shorter run)
+    and the PRM run B as the PRM run. ``arms``: run only these of B's sparse and PRM runs (one process per arm)
+    and return None. A finished run (its ``report.json``) is read, not run again."""
     from rewards import RewardConfig
 
-    first = sparse_run(out, seed)
+    first = sparse_run(out, seed, norm=norm, iterations=iterations)
     if not (first / "metrics.jsonl").exists():
         raise SystemExit(f"no sparse run at {first}: run --parts prm with this --out first")
     t0 = time.perf_counter()
-    second, rl_seed = sparse_run(out, seed, replicate=True), seed + REPLICATE_SEED
-    runs = [(second, RewardConfig(terms={"success": 1.0}))]
-    if mixed_reward is not None:
-        mixed_b = mixed_dir.with_name(f"{mixed_dir.name.rsplit('-s', 1)[0]}-r{REPLICATE_SEED}-s{seed}")
-        if not (mixed_dir / "metrics.jsonl").exists():
-            raise SystemExit(f"no PRM + success run at {mixed_dir}: run --parts prm with these --prm* settings first")
-        runs.append((mixed_b, mixed_reward))
-    for run, reward in runs:
+    second, rl_seed = sparse_run(out, seed, replicate=True, norm=norm, iterations=iterations), seed + REPLICATE_SEED
+    mixed_b = mixed_dir.with_name(f"{mixed_dir.name.rsplit('-s', 1)[0]}-r{REPLICATE_SEED}-s{seed}")
+    if mixed_reward is not None and not (mixed_dir / "metrics.jsonl").exists():
+        raise SystemExit(f"no PRM + success run at {mixed_dir}: run --parts prm with these --prm* settings first")
+    algo = {} if norm else {"normalize_advantages": False}
+
+    def run_arm(run: Path, reward: Any, length: int) -> None:
         if not (run / "report.json").exists():
-            quickstart_run(seed, run, reward, iterations, eval_every, eval_episodes=eval_episodes,
-                           sft_from=pretrained(seed, out, start), env=start.env(), rl_seed=rl_seed)
+            quickstart_run(seed, run, reward, length, eval_every, eval_episodes=eval_episodes,
+                           sft_from=pretrained(seed, out, start), env=start.env(), rl_seed=rl_seed, algo=algo)
+
+    if "sparse" in arms:
+        sparse_reward = RewardConfig(terms={"success": 1.0})
+        if extend and not second.exists():
+            shorter = sparse_run(out, seed, replicate=True, norm=norm, iterations=extend)
+            run_arm(shorter, sparse_reward, extend)
+            copy_run(shorter, second)
+        run_arm(second, sparse_reward, iterations)
+    if "prm" in arms and mixed_reward is not None:
+        run_arm(mixed_b, mixed_reward, iterations)
+    if set(arms) != set(ARMS):
+        return None
     a, b = evals(metrics(first)), evals(metrics(second))
     same_start(first, a, second, b)
     mean = pooled_curve([a, b])
     row = {"seed": seed, "rl_seed": rl_seed, "start": a[0][1], "sparse_steps": a[-1][0],
            "a_curve": a, "b_curve": b, "b_vs_a": compare(a, b, eval_episodes), "a_vs_b": compare(b, a, eval_episodes),
-           "mixed_run": mixed_dir.name, "wall_s": time.perf_counter() - t0}
+           "mixed_run": mixed_dir.name, "normalize_advantages": norm, "extend": extend,
+           "wall_s": time.perf_counter() - t0}
     if (mixed_dir / "metrics.jsonl").exists():
         mixed = evals(metrics(mixed_dir))
         row.update(mixed_curve=mixed, prm_vs_a=compare(a, mixed, eval_episodes),
@@ -1018,7 +1035,8 @@ def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
            f"{REPLICATE_SEED}, so "
            "other training episodes and sampling noise) from the same pre-trained start as the `prm` part's sparse "
            "run (A) under the same `--out`, evaluated on the same 400 held-out episodes at the same env steps."
-           f"{_start(sec)} {_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""), "",
+           f"{_start(sec)}{_replicate_setup(rows[0][1])} {_conditions(sec)}."
+           + (f" {sec['note']}" if sec.get("note") else ""), "",
            "*B vs A*: the PRM table's target with B in the PRM run's place (A improved on the start, B reaches A's "
            "final within 60% of the env steps and does not end below its 95% interval); *A vs B* the other way "
            "round. The two differ by chance alone, so a target met this way is one a single pair of runs meets by "
@@ -1044,6 +1062,19 @@ def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
         out += render_two_per_arm(sec)
     what = "both sparse runs and both PRM runs" if two_per_arm else "both sparse runs and the PRM run"
     return out + ["", f"![held-out success of {what} per seed](img/{plot_name(key)})"]
+
+
+def _replicate_setup(row: dict[str, Any]) -> str:
+    """How a ``prm-replicate`` section's B runs were made where not as the preset's: without advantage
+    normalization, and extended from their own shorter run as A was (``--no_adv_norm``, ``--extend_sparse``)."""
+    text = ""
+    if row.get("normalize_advantages") is False:
+        text += (" Every run uses PPO's advantages as they come, without normalizing them over each rollout "
+                 "(`--algo.normalize_advantages false`).")
+    if row.get("extend"):
+        text += (f" B, as A, ran {row['extend']} iterations and was then continued from that run's last checkpoint "
+                 f"to A's length, {row['sparse_steps']:,} env steps (`--extend_sparse {row['extend']}`).")
+    return text
 
 
 def render_two_per_arm(sec: dict[str, Any], episodes: int = 400) -> list[str]:
@@ -1462,12 +1493,16 @@ def main() -> None:
                                       args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer,
                                       args.curriculum_preset)
             elif part == "prm-replicate":
+                norm = not args.no_adv_norm
                 mixed = mixed_run(out, seed, args.prm, args.prm_mode, args.prm_weight, args.prm_anneal,
-                                  anneal_end=args.prm_anneal_end)
+                                  norm=norm, iterations=args.iterations, anneal_end=args.prm_anneal_end)
                 reward = prm_reward(model_path(args.prm, seed, out), args.prm_weight, args.prm_mode,
                                     args.prm_anneal, args.prm_anneal_end) if args.replicate_prm else None
                 row = part_prm_replicate(seed, out, args.iterations, args.eval_every, args.eval_episodes, start, mixed,
-                                         reward)
+                                         reward, norm, args.extend_sparse, tuple(args.arms))
+                if row is None:  # one arm run alone: the row waits for the other
+                    print(f"prm-replicate seed {seed}: {' and '.join(args.arms)} finished", flush=True)
+                    continue
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,

@@ -202,6 +202,48 @@ def test_two_runs_per_arm_read_the_prm_mean_against_the_sparse_mean_per_seed_and
         bench.pooled_curve([a, a[:-1]])
 
 
+def test_second_runs_are_made_as_the_first_without_normalization_extended_and_one_arm_per_process(monkeypatch,
+                                                                                                    tmp_path):
+    ran = []
+
+    def fake_run(seed, run, reward, iterations, eval_every, **kw):
+        ran.append((run.name, iterations, kw["rl_seed"], kw["algo"], sorted(reward.terms)))
+        (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (run / "report.json").write_text("{}")
+
+    monkeypatch.setattr(bench, "quickstart_run", fake_run)
+    monkeypatch.setattr(bench, "pretrained", lambda seed, out, start: out)
+    mixed = bench.mixed_run(tmp_path, 2, "progress-v3", "milestone", 0.25, 0.0, norm=False, iterations=400)
+    reward = bench.prm_reward(tmp_path / "progress-v3-s2", 0.25, "milestone", 0.0)
+    with pytest.raises(SystemExit, match="prm-sparse-nonorm-it400-s2"):  # A is read, so it must exist
+        bench.part_prm_replicate(2, tmp_path, 400, 40, 8, bench.Start(), mixed, reward, norm=False, extend=200)
+    _run(tmp_path / "prm-sparse-nonorm-it400-s2", [(0, 0.2), (40, 0.3)])
+    with pytest.raises(SystemExit, match="no PRM"):
+        bench.part_prm_replicate(2, tmp_path, 400, 40, 8, bench.Start(), mixed, reward, norm=False, extend=200)
+    _run(mixed, [(0, 0.2), (40, 0.35)])
+    # B's sparse run alone: its own 200-iteration run first, then a copy resumed to 400, RL seed 102, no norm
+    assert bench.part_prm_replicate(2, tmp_path, 400, 40, 8, bench.Start(), mixed, reward, norm=False, extend=200,
+                                    arms=("sparse",)) is None
+    no_norm = {"normalize_advantages": False}
+    assert ran == [("prm-sparse-nonorm-r100-s2", 200, 102, no_norm, ["success"]),
+                   ("prm-sparse-nonorm-it400-r100-s2", 400, 102, no_norm, ["success"])]
+    ran.clear()
+    assert bench.part_prm_replicate(2, tmp_path, 400, 40, 8, bench.Start(), mixed, reward, norm=False, extend=200,
+                                    arms=("prm",)) is None
+    assert ran == [("prm-mixed-progress-v3-milestone-w0.25-a0-nonorm-it400-r100-s2", 400, 102, no_norm,
+                    ["prm", "success"])]
+    for run in ("prm-sparse-nonorm-it400-r100-s2", "prm-mixed-progress-v3-milestone-w0.25-a0-nonorm-it400-r100-s2"):
+        (tmp_path / run / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "eval/success": v}) + "\n" for s, v in [(0, 0.2), (40, 0.25)]))
+    ran.clear()
+    row = bench.part_prm_replicate(2, tmp_path, 400, 40, 8, bench.Start(), mixed, reward, norm=False, extend=200)
+    assert ran == [] and row["mixed_b_run"].endswith("-r100-s2")  # both read, not run again
+    section = {"seeds": {"2": row}, "conditions": {"args": {}}}
+    text = "\n".join(bench.render_replicate("prm-replicate (test)", section))
+    assert "without normalizing them over each rollout" in text
+    assert "B, as A, ran 200 iterations and was then continued" in text
+
+
 def _run(folder, curve):
     folder.mkdir(parents=True)
     folder.joinpath("metrics.jsonl").write_text("".join(
