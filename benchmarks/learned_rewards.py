@@ -398,12 +398,8 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     if "prm" in arms:
         run_arm(mixed_dir, prm_reward(prm, weight, mode, anneal, anneal_end), iterations)
     if "sparse" in arms:
-        sparse_reward = RewardConfig(terms={"success": 1.0})
-        if extend and not sparse_dir.exists():
-            shorter = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm, iterations=extend)
-            run_arm(shorter, sparse_reward, extend)
-            copy_run(shorter, sparse_dir)
-        run_arm(sparse_dir, sparse_reward, iterations)
+        shorter = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm, iterations=extend)
+        run_extended(run_arm, sparse_dir, RewardConfig(terms={"success": 1.0}), iterations, shorter, extend)
     if set(arms) != set(ARMS):
         return None
     sparse, mixed = evals(metrics(sparse_dir)), evals(metrics(mixed_dir))
@@ -419,6 +415,16 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     if lr_actor is not None:
         row.update(vs_preset(out, seed, mixed, eval_episodes))
     return row
+
+
+def run_extended(run_arm: Any, run: Path, reward: Any, iterations: int, shorter: Path, extend: int) -> None:
+    """``run_arm(run, reward, iterations)``; with ``extend`` N, ``run`` (where it does not exist yet) is first made as
+    a copy of the finished N-iteration run ``shorter`` (run first if missing), so it resumes from there
+    (``--extend_sparse``)."""
+    if extend and not run.exists():
+        run_arm(shorter, reward, extend)
+        copy_run(shorter, run)
+    run_arm(run, reward, iterations)
 
 
 def copy_run(run: Path, dest: Path) -> None:
@@ -556,12 +562,8 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
                            sft_from=pretrained(seed, out, start), env=start.env(), rl_seed=rl_seed, algo=algo)
 
     if "sparse" in arms:
-        sparse_reward = RewardConfig(terms={"success": 1.0})
-        if extend and not second.exists():
-            shorter = sparse_run(out, seed, replicate=True, norm=norm, iterations=extend)
-            run_arm(shorter, sparse_reward, extend)
-            copy_run(shorter, second)
-        run_arm(second, sparse_reward, iterations)
+        shorter = sparse_run(out, seed, replicate=True, norm=norm, iterations=extend)
+        run_extended(run_arm, second, RewardConfig(terms={"success": 1.0}), iterations, shorter, extend)
     if "prm" in arms and mixed_reward is not None:
         run_arm(mixed_b, mixed_reward, iterations)
     if set(arms) != set(ARMS):
@@ -1500,18 +1502,15 @@ def main() -> None:
                                     args.prm_anneal, args.prm_anneal_end) if args.replicate_prm else None
                 row = part_prm_replicate(seed, out, args.iterations, args.eval_every, args.eval_episodes, start, mixed,
                                          reward, norm, args.extend_sparse, tuple(args.arms))
-                if row is None:  # one arm run alone: the row waits for the other
-                    print(f"prm-replicate seed {seed}: {' and '.join(args.arms)} finished", flush=True)
-                    continue
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,
                                args.counterfactual, args.prm_mode, args.policy_episodes, args.prm_anneal,
                                args.lr_actor, args.ema, sampler_fields(args), not args.no_adv_norm,
                                tuple(args.arms), args.extend_sparse, args.prm_anneal_end)
-                if row is None:  # one arm run alone: the row waits for the other
-                    print(f"prm seed {seed}: {' and '.join(args.arms)} finished", flush=True)
-                    continue
+            if row is None:  # prm or prm-replicate with one arm run alone: the row waits for the other
+                print(f"{part} seed {seed}: {' and '.join(args.arms)} finished", flush=True)
+                continue
             row["wall_s"] = time.perf_counter() - t0
             results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
             key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"
