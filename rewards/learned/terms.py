@@ -15,11 +15,13 @@ last step of the chunk (the step its episode ended, or the chunk's last) from th
 
   - ``potential`` (the default): ``progress(outcome) - progress(decision observation)``, a potential
     difference (Ng et al. 1999): over an episode it sums to the progress gained, so it cannot be farmed by
-    going back and forth, and mixed with sparse success (``{success: 1.0, prm: 0.5}``) it shapes without
-    changing which policy is optimal. Under GAE that same property makes it a change of the critic's
+    going back and forth. Under GAE (gamma = 1) that same property makes it a change of the critic's
     baseline: ``r + g*V(s') - V(s)`` with the difference added is the unshaped TD error of the critic
-    ``V + progress``, so once PPO's critic has fit the shaped returns the advantages are those of the sparse
-    reward (docs/rewards.md).
+    ``V + progress``, except where an episode terminates, which bootstraps nothing: there the terminal
+    state's progress stays paid. Mixed with sparse success (``{success: 1.0, prm: 0.5}``), once PPO's
+    critic has fit the shaped returns the advantages are those of a success worth ``1 + w * progress(success
+    state)``, so the optimal policy is the sparse reward's where the model scores success states alike
+    (docs/rewards.md).
   - ``milestone``: ``max(0, progress(outcome) - best progress of the episode so far)``, VLA-RL's form (a
     sub-task's completion is paid when first reached, once per episode): the episode is paid the best
     progress it reached, so an attempt that grasped the right cube and dropped it still earns the grasp,

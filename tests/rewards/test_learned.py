@@ -587,7 +587,8 @@ def test_milestone_progress_is_the_same_in_pipelined_and_sequential_rollouts(tmp
 def test_potential_shaping_under_gae_is_a_change_of_the_critics_baseline():
     """Why the ``potential`` form barely speeds PPO up (docs/rewards.md): with gamma = 1, adding
     ``progress(s') - progress(s)`` to the rewards gives exactly the advantages of the unshaped rewards under the
-    critic ``V + progress``; a critic fit to the shaped returns then gives the sparse advantages."""
+    critic ``V + progress``, except that a terminating step keeps ``progress(s_T)``; a critic fit to the shaped
+    returns then gives the advantages of the sparse reward with each termination paid ``progress(s_T)`` more."""
     from vla_rl.algorithms.advantages import gae
 
     gen = torch.Generator().manual_seed(0)
@@ -601,6 +602,17 @@ def test_potential_shaping_under_gae_is_a_change_of_the_critics_baseline():
     torch.testing.assert_close(shaped, rebased)
     milestone = r + (phi_next - phi).clamp(min=0)  # not a potential difference: no critic absorbs it
     assert not torch.allclose(gae(milestone, v, nv, no, no, 1.0, 0.9)[0], rebased)
+    # where an episode terminates (success ends it), nothing bootstraps: the progress of the terminal state is paid
+    # on top of the reward, which no critic absorbs, so the shaped advantages are those of rewards that pay
+    # progress(s_T) with each termination (a success worth 1 + w * progress(success state))
+    term = torch.zeros(t, b, dtype=torch.bool)
+    term[2, 0] = term[4, 1] = True
+    shaped, _ = gae(r + phi_next - phi, v, nv, term, no, 1.0, 0.9)
+    torch.testing.assert_close(shaped, gae(r + phi_next * term, v + phi, nv + phi_next, term, no, 1.0, 0.9)[0])
+    assert not torch.allclose(shaped, gae(r, v + phi, nv + phi_next, term, no, 1.0, 0.9)[0])
+    # a time-limit cut bootstraps: there the difference stays a change of baseline
+    shaped, _ = gae(r + phi_next - phi, v, nv, no, term, 1.0, 0.9)
+    torch.testing.assert_close(shaped, gae(r, v + phi, nv + phi_next, no, term, 1.0, 0.9)[0])
 
 
 def test_stage_targets_read_the_long_horizon_task_and_refuse_an_index_that_is_no_task():
