@@ -26,37 +26,40 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_json, write_section  # noqa: E402
+from bench_report import write_json, write_section  # noqa: E402  (it also puts the repository on the path)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prm_payments.json"
 TITLE = "## What the potential PRM pays (issue 19)"
 
 
 def payments(run: Path, every: int = 1) -> dict[str, Any]:
-    """Per-episode PRM payments of ``run``, from every ``every``-th reward trace: mean and sd over successful and
-    over failed episodes, and the iterations read.
+    """Per-episode PRM payments of ``run``, from every ``every``-th reward trace (read by
+    :func:`vla_rl.reweigh.load_reward_trace`): mean and sd over successful and over failed episodes, the weights,
+    and the iterations read.
 
     Raises:
         ValueError: naming the run when it has no traces, or the trace whose weights are not ``success`` and
-            ``prm`` alone.
+            ``prm`` alone (:class:`vla_rl.reweigh.ReweighError`, a ValueError, for a file that is no trace).
     """
-    import torch
+    from vla_rl.reweigh import TRACE_DIR, load_reward_trace
 
-    traces = sorted((run / "reward_terms").glob("iter_*.pt"))[::every]
+    traces = sorted((run / TRACE_DIR).glob("iter_*.pt"))[::every]
     if not traces:
-        raise ValueError(f"{run}: no reward traces under reward_terms/ (run with --reward.save_terms_every 1)")
+        raise ValueError(f"{run}: no reward traces under {TRACE_DIR}/ (run with --reward.save_terms_every 1)")
     paid: dict[bool, list[float]] = {True: [], False: []}
-    weights: set[float] = set()
+    weights: dict[str, set[float]] = {"success": set(), "prm": set()}
     for path in traces:
-        trace = torch.load(path, weights_only=False)
-        terms = dict(trace["weights"])
-        if set(terms) != {"success", "prm"}:
+        rollout, _, trace_weights = load_reward_trace(path)
+        terms = dict(trace_weights)
+        if set(terms) != set(weights):
             raise ValueError(f"{path}: weights {terms} are not {{success, prm}}; the payment is read as the return "
                              "less the success term")
-        weights.add(terms["prm"])
-        for ep in trace["episodes"]:
-            paid[bool(ep["success"])].append(ep["ret"] - terms["success"] * float(ep["success"]))
-    return {"run": str(run), "traces": len(traces), "every": every, "prm_weights": sorted(weights),
+        for name, w in terms.items():
+            weights[name].add(w)
+        for ep in rollout.episodes:
+            paid[bool(ep.success)].append(ep.ret - terms["success"] * float(ep.success))
+    return {"run": str(run), "traces": len(traces), "every": every, "success_weights": sorted(weights["success"]),
+            "prm_weights": sorted(weights["prm"]),
             **{f"{name}_{stat}": fn(paid[ok]) for ok, name in ((True, "success"), (False, "failure"))
                for stat, fn in (("mean", _mean), ("sd", _sd), ("n", len))}}
 
@@ -78,13 +81,14 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
              "| run | prm weight | success: paid (sd, n) | failure: paid (sd, n) | success worth |",
              "|---|---:|---|---|---:|"]
     for r in rows:
-        worth = 1.0 + r["success_mean"] - r["failure_mean"]
+        one = len(r["success_weights"]) == 1  # a success weight that moved over the run has no one worth
+        worth = f"{r['success_weights'][0] + r['success_mean'] - r['failure_mean']:.2f}" if one else "-"
         w = "/".join(f"{x:g}" for x in r["prm_weights"])
         lines.append(f"| `{Path(r['run']).name}` | {w} | {r['success_mean']:.3f} ({r['success_sd']:.3f}, "
                      f"{r['success_n']}) | {r['failure_mean']:.3f} ({r['failure_sd']:.3f}, {r['failure_n']}) | "
-                     f"{worth:.2f} |")
-    lines += ["", "`success worth`: 1 plus the mean payment of a success less that of a failure, the success "
-              "reward's scale once the critic has fit the shaped returns."]
+                     f"{worth} |")
+    lines += ["", "`success worth`: the success weight plus the mean payment of a success less that of a failure, "
+              "the success reward's scale once the critic has fit the shaped returns."]
     return "\n".join(lines)
 
 
