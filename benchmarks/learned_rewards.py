@@ -47,7 +47,8 @@ Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part 
   weight anneals over its own length, so it starts fresh). ``--arms prm`` or ``--arms sparse`` runs one arm and
   writes no row, so the two arms of a seed run as two processes side by side; a last call with both arms reads the
   finished runs and writes the row. ``prm-replicate`` takes the same ``--no_adv_norm``, ``--iterations``,
-  ``--extend_sparse`` and ``--arms`` (its B runs made as the ``prm`` part's were).
+  ``--extend_sparse``, ``--noise_level`` / ``--explore_noise`` and ``--arms`` (its B runs made as the ``prm``
+  part's were).
 - ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
   (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
   ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
@@ -532,7 +533,7 @@ REPLICATE_SEED = 100
 
 def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, eval_episodes: int,
                        start: Start, mixed_dir: Path, mixed_reward: Any = None, norm: bool = True, extend: int = 0,
-                       arms: tuple[str, ...] = ARMS) -> dict[str, Any] | None:
+                       arms: tuple[str, ...] = ARMS, sampler: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A second sparse run (B) from the seed's pre-trained start, on the same held-out episodes as the ``prm``
     part's sparse run (A), differing only in the RL seed (its training episodes and sampling noise). B against A
     is the target's test on two runs that differ by chance alone; the PRM run (``mixed_dir``, where it exists) is
@@ -542,27 +543,31 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
     seed, so each arm has two runs, and the mean of the PRM runs is read against the mean of the sparse runs (the
     fair reading of the target at one start). ``norm``, ``extend`` and ``iterations`` are the ``prm`` part's
     (:func:`part_prm`): B is made as A was (without advantage normalization, extended from its own shorter run)
-    and the PRM run B as the PRM run. ``arms``: run only these of B's sparse and PRM runs (one process per arm)
-    and return None. A finished run (its ``report.json``) is read, not run again."""
+    and the PRM run B as the PRM run; so is ``sampler`` (both arms' Flow-SDE sampler fields). ``arms``: run only
+    these of B's sparse and PRM runs (one process per arm) and return None. A finished run (its ``report.json``)
+    is read, not run again."""
     from rewards import RewardConfig
 
-    first = sparse_run(out, seed, norm=norm, iterations=iterations)
+    first = sparse_run(out, seed, sampler=sampler, norm=norm, iterations=iterations)
     if not (first / "metrics.jsonl").exists():
         raise SystemExit(f"no sparse run at {first}: run --parts prm with this --out first")
     t0 = time.perf_counter()
-    second, rl_seed = sparse_run(out, seed, replicate=True, norm=norm, iterations=iterations), seed + REPLICATE_SEED
+    second = sparse_run(out, seed, replicate=True, sampler=sampler, norm=norm, iterations=iterations)
+    rl_seed = seed + REPLICATE_SEED
     mixed_b = mixed_dir.with_name(f"{mixed_dir.name.rsplit('-s', 1)[0]}-r{REPLICATE_SEED}-s{seed}")
     if mixed_reward is not None and not (mixed_dir / "metrics.jsonl").exists():
         raise SystemExit(f"no PRM + success run at {mixed_dir}: run --parts prm with these --prm* settings first")
     algo = {} if norm else {"normalize_advantages": False}
+    fields = {"policy": preset_policy(sampler)} if sampler else {}
 
     def run_arm(run: Path, reward: Any, length: int) -> None:
         if not (run / "report.json").exists():
             quickstart_run(seed, run, reward, length, eval_every, eval_episodes=eval_episodes,
-                           sft_from=pretrained(seed, out, start), env=start.env(), rl_seed=rl_seed, algo=algo)
+                           sft_from=pretrained(seed, out, start), env=start.env(), rl_seed=rl_seed, algo=algo,
+                           **fields)
 
     if "sparse" in arms:
-        shorter = sparse_run(out, seed, replicate=True, norm=norm, iterations=extend)
+        shorter = sparse_run(out, seed, replicate=True, sampler=sampler, norm=norm, iterations=extend)
         run_extended(run_arm, second, RewardConfig(terms={"success": 1.0}), iterations, shorter, extend)
     if "prm" in arms and mixed_reward is not None:
         run_arm(mixed_b, mixed_reward, iterations)
@@ -573,7 +578,7 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
     mean = pooled_curve([a, b])
     row = {"seed": seed, "rl_seed": rl_seed, "start": a[0][1], "sparse_steps": a[-1][0],
            "a_curve": a, "b_curve": b, "b_vs_a": compare(a, b, eval_episodes), "a_vs_b": compare(b, a, eval_episodes),
-           "mixed_run": mixed_dir.name, "normalize_advantages": norm, "extend": extend,
+           "mixed_run": mixed_dir.name, "normalize_advantages": norm, "extend": extend, "sampler": sampler,
            "wall_s": time.perf_counter() - t0}
     if (mixed_dir / "metrics.jsonl").exists():
         mixed = evals(metrics(mixed_dir))
@@ -1068,8 +1073,9 @@ def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
 
 def _replicate_setup(row: dict[str, Any]) -> str:
     """How a ``prm-replicate`` section's B runs were made where not as the preset's: without advantage
-    normalization, and extended from their own shorter run as A was (``--no_adv_norm``, ``--extend_sparse``)."""
-    text = ""
+    normalization, extended from their own shorter run as A was, exploring with another Flow-SDE sampler
+    (``--no_adv_norm``, ``--extend_sparse``, ``--noise_level`` / ``--explore_noise``)."""
+    text = f" {_explore(row['sampler'])}" if row.get("sampler") else ""
     if row.get("normalize_advantages") is False:
         text += (" Every run uses PPO's advantages as they come, without normalizing them over each rollout "
                  "(`--algo.normalize_advantages false`).")
@@ -1497,11 +1503,12 @@ def main() -> None:
             elif part == "prm-replicate":
                 norm = not args.no_adv_norm
                 mixed = mixed_run(out, seed, args.prm, args.prm_mode, args.prm_weight, args.prm_anneal,
-                                  norm=norm, iterations=args.iterations, anneal_end=args.prm_anneal_end)
+                                  sampler=sampler_fields(args), norm=norm, iterations=args.iterations,
+                                  anneal_end=args.prm_anneal_end)
                 reward = prm_reward(model_path(args.prm, seed, out), args.prm_weight, args.prm_mode,
                                     args.prm_anneal, args.prm_anneal_end) if args.replicate_prm else None
                 row = part_prm_replicate(seed, out, args.iterations, args.eval_every, args.eval_episodes, start, mixed,
-                                         reward, norm, args.extend_sparse, tuple(args.arms))
+                                         reward, norm, args.extend_sparse, tuple(args.arms), sampler_fields(args))
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,

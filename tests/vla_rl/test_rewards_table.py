@@ -244,6 +244,40 @@ def test_second_runs_are_made_as_the_first_without_normalization_extended_and_on
     assert "B, as A, ran 200 iterations and was then continued" in text
 
 
+def test_second_runs_explore_with_the_first_runs_sampler(monkeypatch, tmp_path):
+    # --explore_noise / --noise_level reach B's runs as the prm part's: same folder names, same policy sampler
+    ran = []
+
+    def fake_run(seed, run, reward, iterations, eval_every, **kw):
+        sampler = kw["policy"].sampler
+        ran.append((run.name, kw["rl_seed"], sampler.noise_level, sampler.explore_noise.value))
+        (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (run / "report.json").write_text("{}")
+
+    monkeypatch.setattr(bench, "quickstart_run", fake_run)
+    monkeypatch.setattr(bench, "pretrained", lambda seed, out, start: out)
+    zero = {"explore_noise": "zero"}
+    mixed = bench.mixed_run(tmp_path, 4, "progress-v3", "potential", 1.0, None, sampler=zero, norm=False,
+                            iterations=400)
+    assert mixed.name == "prm-mixed-progress-v3-n0.5z-nonorm-it400-s4"
+    reward = bench.prm_reward(tmp_path / "progress-v3-s4", 1.0, "potential", None)
+    with pytest.raises(SystemExit, match="prm-sparse-n0.5z-nonorm-it400-s4"):  # A made with the same sampler
+        bench.part_prm_replicate(4, tmp_path, 400, 40, 8, bench.Start(), mixed, reward, norm=False, sampler=zero)
+    _run(tmp_path / "prm-sparse-n0.5z-nonorm-it400-s4", [(0, 0.2), (40, 0.3)])
+    _run(mixed, [(0, 0.2), (40, 0.35)])
+    for arm in ("sparse", "prm"):
+        assert bench.part_prm_replicate(4, tmp_path, 400, 40, 8, bench.Start(), mixed, reward, norm=False,
+                                        arms=(arm,), sampler=zero) is None
+    assert ran == [("prm-sparse-n0.5z-nonorm-it400-r100-s4", 104, 0.5, "zero"),
+                   ("prm-mixed-progress-v3-n0.5z-nonorm-it400-r100-s4", 104, 0.5, "zero")]
+    for run in ("prm-sparse-n0.5z-nonorm-it400-r100-s4", "prm-mixed-progress-v3-n0.5z-nonorm-it400-r100-s4"):
+        (tmp_path / run / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "eval/success": v}) + "\n" for s, v in [(0, 0.2), (40, 0.25)]))
+    row = bench.part_prm_replicate(4, tmp_path, 400, 40, 8, bench.Start(), mixed, reward, norm=False, sampler=zero)
+    assert row["sampler"] == zero
+    text = "\n".join(bench.render_replicate("prm-replicate (test)", {"seeds": {"4": row}, "conditions": {"args": {}}}))
+    assert "chains from zero noise" in text
+
 def _run(folder, curve):
     folder.mkdir(parents=True)
     folder.joinpath("metrics.jsonl").write_text("".join(
