@@ -1501,14 +1501,14 @@ def main() -> None:
                                       args.curriculum_sft_steps, args.samplers, args.curriculum_min_buffer,
                                       args.curriculum_preset)
             elif part == "prm-replicate":
-                norm = not args.no_adv_norm
+                norm, sampler = not args.no_adv_norm, sampler_fields(args)
                 mixed = mixed_run(out, seed, args.prm, args.prm_mode, args.prm_weight, args.prm_anneal,
-                                  sampler=sampler_fields(args), norm=norm, iterations=args.iterations,
+                                  sampler=sampler, norm=norm, iterations=args.iterations,
                                   anneal_end=args.prm_anneal_end)
                 reward = prm_reward(model_path(args.prm, seed, out), args.prm_weight, args.prm_mode,
                                     args.prm_anneal, args.prm_anneal_end) if args.replicate_prm else None
                 row = part_prm_replicate(seed, out, args.iterations, args.eval_every, args.eval_episodes, start, mixed,
-                                         reward, norm, args.extend_sparse, tuple(args.arms), sampler_fields(args))
+                                         reward, norm, args.extend_sparse, tuple(args.arms), sampler)
             else:
                 row = part_prm(seed, out, args.iterations, args.eval_every, args.prm_weight, args.eval_episodes,
                                args.episodes, args.epochs, start, args.prm, args.film,

@@ -278,6 +278,7 @@ def test_second_runs_explore_with_the_first_runs_sampler(monkeypatch, tmp_path):
     text = "\n".join(bench.render_replicate("prm-replicate (test)", {"seeds": {"4": row}, "conditions": {"args": {}}}))
     assert "chains from zero noise" in text
 
+
 def _run(folder, curve):
     folder.mkdir(parents=True)
     folder.joinpath("metrics.jsonl").write_text("".join(
