@@ -389,13 +389,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     sparse_dir = sparse_run(out, seed, lr_actor, ema=ema, sampler=sampler, norm=norm, iterations=iterations)
     mixed_dir = mixed_run(out, seed, name, mode, weight, anneal, lr_actor, ema, sampler, norm, iterations, anneal_end)
     algo = ({} if lr_actor is None else {"lr_actor": lr_actor}) | ({} if norm else {"normalize_advantages": False})
-    fields = {"policy": preset_policy(sampler)} if sampler else {}
-
-    def run_arm(run: Path, reward: Any, length: int) -> None:
-        if not (run / "report.json").exists():
-            quickstart_run(seed, run, reward, length, eval_every, eval_episodes=eval_episodes,
-                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, ema=ema, **fields)
-
+    run_arm = arm_runner(seed, out, start, eval_every, eval_episodes, algo, sampler, ema=ema)
     if "prm" in arms:
         run_arm(mixed_dir, prm_reward(prm, weight, mode, anneal, anneal_end), iterations)
     if "sparse" in arms:
@@ -416,6 +410,22 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
     if lr_actor is not None:
         row.update(vs_preset(out, seed, mixed, eval_episodes))
     return row
+
+
+def arm_runner(seed: int, out: Path, start: Start, eval_every: int, eval_episodes: int, algo: dict[str, Any],
+               sampler: dict[str, Any] | None, **run: Any) -> Any:
+    """``run_arm(run_dir, reward, iterations)`` for one arm of the ``prm`` and ``prm-replicate`` parts: a PPO run from
+    the seed's pre-trained start (:func:`pretrained`) with ``algo``'s fields, ``sampler``'s Flow-SDE fields
+    (:func:`preset_policy`) and ``run``'s other :func:`quickstart_run` arguments (``ema``, ``rl_seed``); a finished
+    run (its ``report.json``) is read, not run again."""
+    fields = {"policy": preset_policy(sampler)} if sampler else {}
+
+    def run_arm(run_dir: Path, reward: Any, iterations: int) -> None:
+        if not (run_dir / "report.json").exists():
+            quickstart_run(seed, run_dir, reward, iterations, eval_every, eval_episodes=eval_episodes,
+                           sft_from=pretrained(seed, out, start), env=start.env(), algo=algo, **run, **fields)
+
+    return run_arm
 
 
 def run_extended(run_arm: Any, run: Path, reward: Any, iterations: int, shorter: Path, extend: int) -> None:
@@ -557,15 +567,8 @@ def part_prm_replicate(seed: int, out: Path, iterations: int, eval_every: int, e
     mixed_b = mixed_dir.with_name(f"{mixed_dir.name.rsplit('-s', 1)[0]}-r{REPLICATE_SEED}-s{seed}")
     if mixed_reward is not None and not (mixed_dir / "metrics.jsonl").exists():
         raise SystemExit(f"no PRM + success run at {mixed_dir}: run --parts prm with these --prm* settings first")
-    algo = {} if norm else {"normalize_advantages": False}
-    fields = {"policy": preset_policy(sampler)} if sampler else {}
-
-    def run_arm(run: Path, reward: Any, length: int) -> None:
-        if not (run / "report.json").exists():
-            quickstart_run(seed, run, reward, length, eval_every, eval_episodes=eval_episodes,
-                           sft_from=pretrained(seed, out, start), env=start.env(), rl_seed=rl_seed, algo=algo,
-                           **fields)
-
+    run_arm = arm_runner(seed, out, start, eval_every, eval_episodes, {} if norm else {"normalize_advantages": False},
+                         sampler, rl_seed=rl_seed)
     if "sparse" in arms:
         shorter = sparse_run(out, seed, replicate=True, sampler=sampler, norm=norm, iterations=extend)
         run_extended(run_arm, second, RewardConfig(terms={"success": 1.0}), iterations, shorter, extend)
