@@ -1,6 +1,6 @@
 """Dump a fixed-seed rollout of the quickstart's setting (compact Flow-SDE policy on ``mujoco/pick-any``).
 
-Used to check that the reward seam (issue #15) leaves the chunk rewards fed to GAE bit-identical: run
+Used to check that the reward seam (``rewards.RewardConfig``) leaves the chunk rewards fed to GAE bit-identical: run
 it on the code before and after a change and compare the two files with ``--compare``::
 
     python scripts/reward_identity.py /tmp/before.pt          # on the old code

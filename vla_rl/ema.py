@@ -1,7 +1,7 @@
 """An exponential moving average of a policy's trainable weights, evaluated and checkpointed in their place.
 
 RL fine-tuning scores one checkpoint's deterministic chain, and that score swings from checkpoint to checkpoint
-far more than the episodes' sampling explains (docs/benchmarks.md, "Learned rewards: reading", session 58). As
+far more than the episodes' sampling explains (docs/results.md, "Learned rewards"). As
 Diffusion Policy does for imitation, ``--eval.ema D`` keeps ``shadow <- D * shadow + (1 - D) * weights`` after
 every update and evaluates the shadow: the trend of the last ``~1 / (1 - D)`` iterations rather than the last
 step. Rollouts and updates keep using the weights as trained (PPO stays on-policy).

@@ -17,8 +17,7 @@ The instruction matters on multi-task envs: on ``mujoco/pick-any`` a classifier 
 the arm cannot tell the named cube lifted from another one, and PPO on it learns to lift cubes it was not
 asked for. Concatenating the words' embedding after the CNN did not teach this small network to bind the colour
 word to the cube in the gripper; FiLM together with instruction-swapped failures
-(:attr:`rewards.learned.train.FitConfig.counterfactual`) did (docs/benchmarks.md, "Learned rewards: reading",
-session 22). Words are lower-cased runs of letters and digits; words the training instructions never used are
+(:attr:`rewards.learned.train.FitConfig.counterfactual`) did (docs/results.md, "Learned rewards"). Words are lower-cased runs of letters and digits; words the training instructions never used are
 ignored.
 
 Checkpoints use the policies' folder format (:func:`policies.io.write_checkpoint`: ``config.json`` +

@@ -5,11 +5,11 @@ does on episodes it never saw. Frames are fitted with binary cross-entropy on so
 labels for the classifier, progress fractions for the process reward model); for the classifier the positive
 frames are up-weighted by the negative/positive ratio, since success frames are few. The learning rate decays
 to 0 along a cosine by default: with a constant rate the last epoch's model is one draw from a trajectory whose
-calibration swings from epoch to epoch (docs/benchmarks.md, "Learned rewards: reading", session 21). When the
+calibration swings from epoch to epoch (docs/results.md, "Learned rewards"). When the
 training episodes carry more than one instruction the model also reads the instruction (``FitConfig.instruction``):
 its words scale and shift the CNN's channels (``FitConfig.film``), and successful episodes relabelled with another
 instruction can be added as failures (``FitConfig.counterfactual``), which is what teaches it to tell the named
-object from another one (docs/benchmarks.md, session 22).
+object from another one (docs/results.md, "Learned rewards").
 
 Metrics (:func:`classifier_metrics`, :func:`progress_metrics`) on the held-out episodes:
 

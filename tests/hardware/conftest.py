@@ -4,7 +4,7 @@ ROS traffic stays on loopback and every simulated arm gets its own
 ``ROS_DOMAIN_ID`` (an flock-ed id in 30..99, see :mod:`tests.hardware.domains`),
 so tests and concurrent test runs on one machine never hear each other.
 
-Fast DDS runs without its shared-memory transport here (issue #21): the fault
+Fast DDS runs without its shared-memory transport here: the fault
 tests SIGKILL a simulated arm, which leaves its shared-memory state behind, and
 the test process crashed tearing down next to it. ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``
 makes rmw_fastrtps add shared memory whatever the XML profile or

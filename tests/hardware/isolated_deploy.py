@@ -1,7 +1,7 @@
 """Run one deploy in a child process and read its outcome back as JSON: for tests that kill a ROS peer.
 
 A ROS participant killed with SIGKILL cannot release its transport state, and the surviving
-participants then tear down next to it. Should native code crash there (issue #21: a segfault inside
+participants then tear down next to it. Should native code crash there (a segfault inside
 rclpy's ``destroy_node`` once in about four full runs, with Fast DDS shared memory in use), the crash
 ends only this child: the test that caused it fails with the signal and the child's stderr, instead
 of the whole pytest process dying.

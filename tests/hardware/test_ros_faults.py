@@ -173,7 +173,7 @@ def test_estop_topic_latches_until_cleared(shared_arm):
 
 def test_arm_node_dies_mid_episode(tmp_path, ros_domain):
     # The runner runs in a child process: a crash in its ROS teardown next to the killed peer fails this test
-    # (with the signal) instead of killing pytest (issue #21; see tests/hardware/isolated_deploy.py).
+    # (with the signal) instead of killing pytest (see tests/hardware/isolated_deploy.py).
     sim = start_sim_arm(tmp_path / "arm", ros_domain)
     try:
         TinyJointPolicy.build(6, 6, chunk_size=8, max_step=0.015).save_pretrained(tmp_path / "tiny")

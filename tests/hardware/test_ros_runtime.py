@@ -171,7 +171,7 @@ def test_test_participants_use_no_shared_memory(ros_domain):
     """The tests' Fast DDS profile (tests/hardware/conftest.py) keeps the shared-memory transport off.
 
     A SIGKILL-ed arm leaves its shared-memory state behind, and the test process crashed tearing down
-    next to it (issue #21); over UDP a dead peer leaves nothing that the survivors map.
+    next to it; over UDP a dead peer leaves nothing that the survivors map.
     """
     ros = _node(ros_domain)
     try:

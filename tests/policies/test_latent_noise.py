@@ -310,7 +310,7 @@ def test_explore_noise_zero_starts_exploration_at_the_deployed_policys_noise(sam
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_cloned_from_noisy_demos_the_default_evaluation_scores_the_policys_centre_not_one_sample(seed: int) -> None:
-    """Issue 16's regression test. A flow policy cloned from noisy demos (the action needed plus 0.2, noise std
+    """A regression test. A flow policy cloned from noisy demos (the action needed plus 0.2, noise std
     0.3: the operator overshoots, sometimes too little) learns the demos' broad distribution. Evaluated from
     ``x_1 = 0`` (the default) it acts near the distribution's centre and solves nearly every episode; from random
     ``x_1`` (the default before) it draws a sample and falls short about a quarter of the time. Reverting the

@@ -224,7 +224,7 @@ def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_
 
 @pytest.mark.parametrize("objective", ["task", "safety", "efficiency"])
 def test_align_presets_parse_with_their_measured_settings(objective: str):
-    """Each ``align_<objective>`` preset sets its objective and its rounds (10; 15 for efficiency, session 53); the
+    """Each ``align_<objective>`` preset sets its objective and its rounds (10; 15 for efficiency); the
     task and safety presets imitate the chosen successes and the pre-training demos at filtered_bc's rate (sessions
     49 and 52); the efficiency preset leaves both out (they slow its successes, sessions 51-52)."""
     from vla_rl.cli import parse_config

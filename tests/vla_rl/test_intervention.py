@@ -213,7 +213,7 @@ def test_a_session_counts_each_env_s_share_so_short_episodes_are_not_favoured():
 
 def test_a_budget_cut_session_counts_the_takeovers_of_the_episodes_it_cuts(tmp_path):
     """RaC rounds stop at an operator budget with episodes under way in every env: those are recorded, and their
-    takeovers count (session 19's RaC table counted only the finished episodes: 1 takeover against 25 recorded)."""
+    takeovers count (counting only the finished episodes once reported 1 takeover against 25 recorded)."""
     env = make_env("mujoco/pick-place-stack", num_envs=2, seed=0, obs_mode="state")
     rec = EpisodeRecorder(tmp_path / "cut", "local/cut", env.spec, fps=10, extra_features=label_features())
     ops = make_operators(OperatorConfig(reaction_delay=1, action_noise=0.0), 2, 0.04, seed=0)

@@ -142,7 +142,7 @@ def test_the_quickstart_hands_its_demos_to_a_learner_that_mixes_demos():
 
 
 def test_the_ceiling_preset_is_the_quickstart_with_more_demos_pre_trained_further_and_trained_longer():
-    """``--preset pick_any_ceiling`` (issue 16) keeps the quickstart's env and RL stage and changes only the
+    """``--preset pick_any_ceiling`` keeps the quickstart's env and RL stage and changes only the
     policy's image encoder (wider CNN), the demos (200, all used by pre-training and mixed into RL), how far
     pre-training goes (4000 steps) and how long RL runs, so its runs compare with the quickstart's; the trainer
     resolves its schedule to the longer run, and RL mixes in the same 200-demo dataset pre-training read."""

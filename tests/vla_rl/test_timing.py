@@ -1,5 +1,5 @@
 """The time breakdown of a training run: ``time/*`` scalars that partition each iteration, the report's table
-and stacked plot (issue #22)."""
+and stacked plot."""
 
 from __future__ import annotations
 
