@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).parent / "configs"
+"""The presets: in a clone ``vla_rl/configs`` links to the top-level ``configs/``; a wheel holds a copy (pyproject.toml)."""
 
 
 def _load_commands() -> None:
@@ -41,7 +42,7 @@ def _load_commands() -> None:
 
 
 def preset_path(name: str) -> Path:
-    """``configs/<name>.yaml``.
+    """The preset ``configs/<name>.yaml`` (:data:`CONFIG_DIR`).
 
     Raises:
         FileNotFoundError: naming the preset and listing the available ones.
