@@ -30,14 +30,3 @@ INTERVENTION_LABEL = "intervention_label"
 def image_key(camera: str) -> str:
     """The observation key of camera ``camera``."""
     return OBS_IMAGE_PREFIX + camera
-
-
-def camera_of(key: str) -> str:
-    """The camera name of image key ``key`` (``observation.images.front`` -> ``front``).
-
-    Raises:
-        ValueError: if ``key`` is not an image key.
-    """
-    if not key.startswith(OBS_IMAGE_PREFIX):
-        raise ValueError(f"{key!r} is not an image key (expected {OBS_IMAGE_PREFIX}<camera>)")
-    return key[len(OBS_IMAGE_PREFIX):]

@@ -85,18 +85,6 @@ class EnvConfig:
         )
 
 
-@dataclass
-class VideoConfig:
-    """Rollout videos."""
-
-    enabled: bool = False
-    """Record an MP4 of the env cameras."""
-    fps: int = 0
-    """Frames per second; 0 = the env's control frequency."""
-    max_envs: int = 4
-    """Envs tiled into each frame."""
-
-
 def default_runs_dir() -> Path:
     """``$VLA_RL_RUNS`` or ``runs/`` under the working directory."""
     return Path(os.environ.get("VLA_RL_RUNS", "runs"))

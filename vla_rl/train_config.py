@@ -22,10 +22,10 @@ from vla_rl.algorithms import grpo as _grpo  # noqa: F401
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
 from vla_rl.algorithms import rac as _rac  # noqa: F401
 from vla_rl.algorithms import sft as _sft  # noqa: F401
-from vla_rl.algorithms import tpo as _tpo  # noqa: F401
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.ppo import PPOConfig
 from vla_rl.config import EnvConfig
+from vla_rl.grape import tpo as _tpo  # noqa: F401
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.threads import ThreadsConfig
 
@@ -110,7 +110,7 @@ class EvalConfig:
 
 @dataclass
 class DataConfig:
-    """Offline data for learners that read it (``--algo.type sft``; RaC and offline mixing later)."""
+    """Offline data for the learners that read it (``--algo.type sft``, ``rac``)."""
 
     path: str = ""
     """LeRobotDataset folder (ours or recorded with LeRobot's tools); its features are matched to the policy's
