@@ -3,7 +3,7 @@
 Time runs from ``t = 1`` (pure noise) to ``t = 0`` (the action). A denoising
 step from ``t`` to ``t - delta`` with predicted velocity ``v`` is, for the ODE
 (Euler) sampler, ``x_{t - delta} = x_t - delta * v``. Flow-SDE replaces it by a
-Gaussian transition with the same marginals (see ``docs/ALGORITHMS.md``)::
+Gaussian transition with the same marginals (docs/training.md, "Samplers")::
 
     x0_hat  = x_t - t * v                 (predicted action)
     x1_hat  = x_t + (1 - t) * v           (predicted noise)

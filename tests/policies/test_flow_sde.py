@@ -1,4 +1,4 @@
-"""Flow-SDE transition math against hand-computed values (docs/ALGORITHMS.md)."""
+"""Flow-SDE transition math against hand-computed values (docs/training.md, "Samplers")."""
 
 from __future__ import annotations
 
