@@ -75,7 +75,7 @@ class _Waiter:
 
     Blocking on a pipe costs a scheduler wake-up per message (tens of microseconds in a VM),
     a visible share of a 1-3 ms env step: on 1 worker x 1 MuJoCo env, stepping one action at a
-    time went from 0.78-0.82x to 0.96x of the raw simulator (docs/benchmarks.md). The spin
+    time went from 0.78-0.82x to 0.96x of the raw simulator (docs/results.md, "Simulator throughput"). The spin
     yields the core at every turn, so a process with work to do is not held up for long; still,
     with more busy processes than cores it costs more than it saves (2 workers + this process on
     2 cores: 0.69x against 0.75x without), so :class:`ProcessVecEnv` spins only when its workers

@@ -4,7 +4,7 @@ The envs are split into contiguous slices, one per actor, as :class:`sim.vector_
 over worker processes; each actor builds its envs from the same factories and runs whole chunks with the same
 :func:`sim.vector.run_chunk` (a single step is a chunk of one), so for the same seeds and actions both executors
 produce the same episodes. Observations travel through Ray's object store instead of shared memory: on one machine
-that costs more than the process executor's pipes (docs/benchmarks.md, "Scaling"); its point is placement on a
+that costs more than the process executor's pipes (docs/results.md, "Scaling"); its point is placement on a
 cluster the user started with ``ray start`` (``RAY_ADDRESS``), next to the learner's GPUs or on CPU-only nodes.
 
 Ray is an optional extra (``pip install 'vla-rl[ray]'``); it is imported only when this executor is chosen. Without

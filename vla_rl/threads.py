@@ -21,8 +21,8 @@ class ThreadsConfig:
     takes from ``OMP_NUM_THREADS``, default 1; 0: every core this process may run on; N: N threads).
 
     Raise them only on a machine the run has to itself: with other jobs busy on the same cores, two
-    threads made the quickstart's update several times slower, not faster (docs/benchmarks.md,
-    "Training throughput")."""
+    threads made the quickstart's update several times slower, not faster (docs/results.md,
+    "What does not work, and why")."""
 
     rollout: int = -1
     """While collecting: the policy acting (the env workers step in between, or alongside when pipelined)."""

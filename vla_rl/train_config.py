@@ -90,7 +90,7 @@ class EvalConfig:
     """Episodes of each video env the video shows; 0 = every episode it plays in the evaluation. While they play,
     every env renders every step (the video's frames); after them the chunks run batched, rendering only the
     decision frames the policy reads (the quickstart's 400-episode evaluation: 41-49 -> 30-34 s, the same
-    episodes; docs/benchmarks.md, "Training throughput: reading")."""
+    episodes; docs/results.md, "Training throughput")."""
     protocol: str = "seeds"
     """``seeds``: ``episodes`` episodes from held-out seeds (any env). ``per_task`` (multi-task envs): the
     benchmarks' protocol, every evaluated task for ``episodes_per_task`` episodes, episode ``k`` of a task on

@@ -91,7 +91,7 @@ class ImageEncoder(nn.Module):
         """
         # channels-first in memory: the permuted view is channels-last, which the convs keep, and GroupNorm's CPU
         # kernels are about 10x slower on channels-last maps (a PPO update step about 12% slower in all;
-        # docs/benchmarks.md, "Training throughput")
+        # docs/results.md, "Training throughput")
         features = (images.permute(0, 3, 1, 2).float() / 127.5 - 1.0).contiguous()
         for i, block in enumerate(self.blocks):
             features = block(features)

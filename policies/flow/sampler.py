@@ -120,12 +120,12 @@ class SamplerConfig:
     """Latent-noise: width of the noise actor's two hidden layers (used when the actor is built)."""
     eval_noise: InitialNoise = InitialNoise.ZERO
     """Initial noise of the deterministic ODE policy that evaluation (and deployment) runs: ``random`` (drawn
-    from N(0, I)) or ``zero`` (x_1 = 0; docs/benchmarks.md, "RL diagnostic ladder"). The ``latent_noise`` sampler
+    from N(0, I)) or ``zero`` (x_1 = 0; docs/results.md, "RL diagnostic ladder"). The ``latent_noise`` sampler
     evaluates from its actor's mean instead."""
     explore_noise: InitialNoise = InitialNoise.RANDOM
     """Initial noise of the exploration sampler (flow_sde, flow_noise): ``random`` (N(0, I), pi_RL) or ``zero``
     (x_1 = 0: the chain follows the deployed zero-noise ODE policy plus the noise the sampler injects, so RL
-    improves the policy that evaluation runs; docs/benchmarks.md, "Training the deployed policy")."""
+    improves the policy that evaluation runs; docs/results.md, "Training the deployed policy")."""
 
     def __post_init__(self) -> None:
         self.kind = SamplerKind(self.kind)

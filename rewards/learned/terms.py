@@ -62,8 +62,8 @@ class ClassifierTermConfig:
     """End the episode when the classifier says success (P >= threshold, 0.5 with ``threshold: 0``), as
     LeRobot's human-in-the-loop RL does: the rollout engine resets that env and the decision is terminal,
     so a success is paid once. False pays every chunk whose outcome looks like success, which a policy
-    farms by holding a state the classifier misjudges instead of finishing (docs/benchmarks.md, "Learned
-    rewards: reading")."""
+    farms by holding a state the classifier misjudges instead of finishing (docs/results.md,
+    "What does not work, and why")."""
 
 
 @dataclass

@@ -10,8 +10,7 @@ It is reward-weighted regression with a 0/1 weight (iterated filtered behaviour 
 toward the actions of its successful attempts, so it keeps what already works in some episodes (the right
 cube, the grasp that held) and needs no critic and no log-likelihood of the sampler. The update costs one
 velocity pass per row instead of the whole denoising chain. Why it is here: PPO from a decent imitation start
-moves the deployed policy little on our CPU budget (docs/benchmarks.md, "RL diagnostic ladder: reading" and
-"Training the deployed policy").
+moves the deployed policy little on our CPU budget (docs/results.md, "Training the deployed policy").
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ class FilteredBCConfig(SFTLearnerConfig):
 
     lr: float = 1e-3
     """AdamW learning rate (cosine-decayed to 10% over ``steps``); the quickstart's seeds gain most at 1e-3, the
-    rate of pre-training (docs/benchmarks.md, "Training the deployed policy")."""
+    rate of pre-training (docs/results.md, "Training the deployed policy")."""
     batch_size: int = 64
     """Rows per gradient step."""
     steps_per_iter: int = 8
@@ -69,7 +68,7 @@ class FilteredBCConfig(SFTLearnerConfig):
     """0: an episode counts as a success when the env reports success. Above 0: when the run's reward
     (``--reward.terms``) summed over the episode reaches this, so the learner never reads the simulator's
     success: with ``--reward.terms '{classifier: 1.0}' --algo.success_return 1`` a learned success classifier
-    decides which episodes are imitated (what fine-tuning on a real robot needs; docs/benchmarks.md, "Learned
+    decides which episodes are imitated (what fine-tuning on a real robot needs; docs/results.md, "Learned
     rewards")."""
     explore: bool = True
     """Collect with the policy's exploration sampler (``act(EXPLORE)``); False plays the deterministic policy
@@ -79,11 +78,11 @@ class FilteredBCConfig(SFTLearnerConfig):
     with a copy of the weights from before those steps (one update behind), so the learner's core works while
     the env workers step. The policy is brought up to date before every evaluation and at the end of the run; a
     checkpoint in between holds the weights without the deferred steps (resuming loses that one update). Single
-    process only; pays on a machine the run has to itself (docs/benchmarks.md, "Training throughput")."""
+    process only; pays on a machine the run has to itself (docs/results.md, "Training throughput")."""
     overlap_worker_nice: int = 10
     """With ``overlap``: raise the nice value of the env's worker processes by this much (once, for the run), so
     that the update thread, the critical path, is not descheduled for workers that have time to spare; 0 leaves
-    them. The quickstart's iteration: 1.50 -> 1.35 s (docs/benchmarks.md, "Training throughput")."""
+    them. The quickstart's iteration: 1.50 -> 1.35 s (docs/results.md, "Training throughput")."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -45,13 +45,13 @@ class SFTLearnerConfig(SFTConfig, LearnerConfig):
     """Decay of an exponential moving average of the weights (per gradient step; 0: none). With it, every
     iteration ends with the averaged weights in the policy: the evaluation, the checkpoint's policy and the next
     collection (RaC's rounds) use them, while the gradient steps go on from the raw iterate, which the learner's
-    state keeps (as Diffusion Policy trains and evaluates; docs/benchmarks.md, "RaC: reading")."""
+    state keeps (as Diffusion Policy trains and evaluates; docs/results.md, "RaC")."""
 
     freeze_encoder: bool = False
     """Keep the policy's observation encoder (:meth:`policies.Policy.encoder_parameters`: the camera CNNs, the
     prefix transformer, the instruction embedding) as it is and train the rest: a gradient step then skips the
     encoder's backward pass and its optimizer state (the quickstart's RL stage: 211 -> 94 ms a step of 64 rows,
-    but seed 0 ends at 0.59 instead of 0.72; docs/benchmarks.md, "Training throughput: reading"). Its forward
+    but seed 0 ends at 0.59 instead of 0.72; docs/results.md, "What does not work, and why"). Its forward
     still runs on every row, augmented images included."""
 
     flags: ClassVar[str] = "algo."

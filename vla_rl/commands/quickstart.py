@@ -4,7 +4,7 @@
 2. pre-train the compact flow VLA on a few of them (deliberately few-shot);
 3. RL on vectorized envs: the policy explores with its Flow-SDE sampler (chains started at zero noise, where the
    deployed policy starts) and imitates the episodes it solved, mixed with the demos (``--algo.type
-   filtered_bc``; ``--algo.type ppo`` runs Flow-SDE PPO instead, see docs/benchmarks.md "Training the deployed
+   filtered_bc``; ``--algo.type ppo`` runs Flow-SDE PPO instead, see docs/results.md "Training the deployed
    policy" for both on the same starts);
 4. evaluate before and after on the same held-out seeds (95% Wilson CI);
 5. write ``report.md`` / ``report.json``, plots and videos into the run folder.
@@ -76,15 +76,15 @@ def _quickstart_env() -> EnvConfig:
 
 def _quickstart_policy() -> PolicyConfig:
     # exploration chains start where the deployed (zero-noise ODE) policy starts, so the successes it imitates lie
-    # around the chunks evaluation plays (docs/benchmarks.md, "Training the deployed policy")
+    # around the chunks evaluation plays (docs/results.md, "Training the deployed policy")
     return POLICY_CHOICES["compact-flow"](chunk_size=4, sampler=SamplerConfig(
         kind=SamplerKind.FLOW_SDE, sde_mode=SdeMode.FULL_CHAIN, explore_noise=InitialNoise.ZERO))
 
 
 def _quickstart_algo() -> LearnerConfig:
     # success-filtered self-imitation: above PPO on every measured seed at the same env steps and wall time
-    # (docs/benchmarks.md, "Training the deployed policy"); with a second core, each iteration's update trains
-    # while the next one collects (docs/benchmarks.md, "Training throughput")
+    # (docs/results.md, "Training the deployed policy"); with a second core, each iteration's update trains
+    # while the next one collects (docs/results.md, "Training throughput")
     return FilteredBCConfig(overlap=(os.cpu_count() or 1) >= 2)
 
 
@@ -114,7 +114,7 @@ class QuickstartConfig:
     -1 = the env backend's (:data:`DEMO_NOISE`)."""
     iterations: int = 200
     """RL iterations (collect + update). 100 keep a run near 8.5 minutes on 2 cores but learn less (seed 0: 0.32 ->
-    0.64 against 0.76 with 200; docs/benchmarks.md, "Quickstart")."""
+    0.64 against 0.76 with 200; docs/results.md, "Quickstart")."""
     eval_episodes: int = 400
     """Episodes per evaluation (before and after RL, same held-out seeds). 400 keep the gain's 95% interval
     near ±0.06; with 100 a gain moves by about ±0.1 between sets of held-out episodes."""
