@@ -16,9 +16,9 @@ setting keeps OpenVLA's proportions (256 image tokens, ~20 prompt tokens,
 
 Run::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/ar_decoding.py [--batch 16] [--repeats 3] [--quick] [--clock wall]
+    OMP_NUM_THREADS=1 python benchmarks/ar_decoding.py [--batch 16] [--repeats 3] [--quick] [--clock wall]
 
-Prints a markdown table. Timings are medians in milliseconds on one thread,
+Prints and publishes a markdown table (``benchmarks/harness.py``). Timings are medians in milliseconds on one thread,
 by default of this thread's CPU time (``--clock wall`` for elapsed time).
 """
 
@@ -27,12 +27,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
+import harness
 import torch
 
 from policies.autoregressive import AutoregressiveVLAConfig, AutoregressiveVLAPolicy, TinyVLMConfig, decode
@@ -140,30 +139,27 @@ def main() -> None:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                         help="cpu: this thread's CPU time (robust to other processes on a shared machine); "
                              "wall: elapsed time")
-    parser.add_argument("--write", type=Path, default=None, help="replace the '## Autoregressive decoding' section")
-    args = parser.parse_args()
+    args = harness.add_output_args(parser).parse_args()
     torch.set_num_threads(1)
     lines = [
-        f"`python benchmarks/ar_decoding.py`: batch {args.batch}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread, {args.clock} clock, median of {args.repeats} runs (ms), "
-        f"load average {os.getloadavg()[0]:.1f}. Target: KV-cache decoding >= 5x re-running the prompt per token.",
+        f"Batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} thread, {args.clock} clock, "
+        f"median of {args.repeats} runs (ms), load average {os.getloadavg()[0]:.1f}. "
+        "Target: KV-cache decoding >= 5x re-running the prompt per token.",
         "",
         "| setting | params | prompt tok | action tok | re-run ms | KV-cache ms | speedup | act ms "
         "| act ms/env | evaluate+backward ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     print("\n".join(lines))
+    rows = []
     for setting in settings(args.quick):
         r = run(setting, args.batch, args.repeats, CLOCKS[args.clock])
+        rows.append(r)
         lines.append(f"| {r['setting']} | {r['params'] / 1e6:.2f}M | {r['prompt']} | {r['tokens']} | {r['rerun']:.1f} "
                      f"| {r['cached']:.1f} | {r['speedup']:.1f}x | {r['act']:.1f} | {r['act'] / args.batch:.2f} "
                      f"| {r['eval']:.1f} |")
         print(lines[-1], flush=True)
-    if args.write:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_report import write_section
-
-        write_section(args.write, "## Autoregressive decoding", "\n".join(lines))
+    harness.publish("ar_decoding", args, "\n".join(lines), rows=rows)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,7 @@
 Starts the simulated SO-101 arm node (``hardware.ros2.sim_node``, a separate
 process) in a private ROS domain, then for each rate runs the deployment
 runner (tiny policy, async inference, safety envelope on, one 64x64 camera
-over ``sensor_msgs/Image``) and prints a markdown section for
-``docs/benchmarks.md``.
+over ``sensor_msgs/Image``) and publishes a markdown table per rate (``benchmarks/harness.py``).
 
 Series (ms): ``lateness`` = wake-up minus scheduled tick (jitter);
 ``period`` = time between ticks; ``compute`` = work per tick (observe,
@@ -27,12 +26,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+import harness
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from hardware.ros2.bridge import Ros2Adapter
 from hardware.ros2.config import Ros2RobotConfig, RosCameraConfig
@@ -67,8 +65,8 @@ def start_arm(tmp: Path, domain: int, camera: bool) -> tuple[subprocess.Popen, P
     ]
     if camera:
         cmd += ["--camera", "front"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, PYTHONPATH=str(harness.ROOT))
+    proc = subprocess.Popen(cmd, cwd=harness.ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -129,8 +127,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="episode length per rate")
     p.add_argument("--domain-id", type=int, default=int(os.environ.get("ROS_DOMAIN_ID", "0")) or 87)
     p.add_argument("--no-camera", action="store_true", help="joint states only")
-    p.add_argument("--out", type=Path, default=None, help="also write the markdown here")
-    args = p.parse_args()
+    args = harness.add_output_args(p).parse_args()
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     os.environ.setdefault("ROS_LOG_DIR", str(Path(tempfile.gettempdir()) / "vla-rl-bench-roslog"))
     torch.set_num_threads(1)
@@ -148,10 +145,8 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=10)
     md = [
-        "## Control loop over ROS 2 loopback",
-        "",
         (
-            f"`benchmarks/control_loop.py --seconds {args.seconds:g}`: deployment runner -> simulated SO-101 node "
+            "Deployment runner -> simulated SO-101 node "
             f"(separate process, MuJoCo, JointState at 100 Hz{', one 64x64 rgb8 camera at 15 Hz' if camera else ''}), "
             "tiny policy with async inference, safety envelope on, FastDDS, "
             f"`ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`. {platform.processor() or platform.machine()}, "
@@ -160,8 +155,11 @@ def main() -> None:
         ),
         "",
     ]
+    rows = []
     for hz, timing in sections:
         overruns, sent = timing.pop("_overruns"), timing.pop("_sent")
+        rows.append({"hz": hz, "missed_ticks": overruns, "commands_sent": sent,
+                     **{name: asdict(s) for name, s in timing.items()}})
         period_ms = 1e3 / hz
         got = timing["transport"].n
         md += [
@@ -173,8 +171,7 @@ def main() -> None:
         md.append("")
     text = "\n".join(md)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    harness.publish("control_loop", args, text, rows=rows)
 
 
 if __name__ == "__main__":

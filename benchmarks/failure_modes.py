@@ -1,7 +1,7 @@
 """Where a policy's failures on ``mujoco/pick-any`` come from, read off the tabletop's privileged signals.
 
     OMP_NUM_THREADS=1 python benchmarks/failure_modes.py --policy LABEL=POLICY_DIR [...] [--episodes 400]
-        [--num_steps N] [--write docs/benchmarks.md]
+        [--num_steps N]
 
 Each policy plays its deterministic action (the deployed ODE from zero noise) on held-out episodes (seeds of their
 own, away from training and from the runs' evaluations). Per episode the env's signals (never observed by the
@@ -20,7 +20,7 @@ Each episode is also split by its layout: whether the target was the cube neares
 plane) in the episode's first observation. A policy that reads the instruction weakly goes for the nearest cube, so its
 success is high when the nearest cube is the target and low when it is not (columns ``nearest`` / ``not``).
 
-Numbers: ``benchmarks/results/failure_modes.json`` (``--append`` keeps the rows of other labels there); ``--write`` replaces ``## Failure modes`` of a markdown file.
+Published by ``benchmarks/harness.py`` (``benchmarks/results/failure_modes.json`` and its block of ``docs/results.md``).
 """
 
 from __future__ import annotations
@@ -28,30 +28,20 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import json
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_json, write_section  # noqa: E402
+from policies.base import ActMode
+from policies.loading import load_policy
+from sim.mujoco_tasks.privileged import observed_state
+from vla_rl.config import EnvConfig
+from vla_rl.evaluation import wilson_interval
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from policies.base import ActMode  # noqa: E402
-from policies.loading import load_policy  # noqa: E402
-from sim.mujoco_tasks.privileged import observed_state  # noqa: E402
-from vla_rl.config import EnvConfig  # noqa: E402
-from vla_rl.evaluation import wilson_interval  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "failure_modes.json"
-SECTION = "## Failure modes on mujoco/pick-any (issue 16)"
 NEAR = 0.04  # m: the gripper "came near" a cube (the reach stage holds at 0.03)
 SEED = 2_000_000_000  # held-out episodes of their own
 CLASSES = ("wrong cube", "stalled", "grasp", "lift")
@@ -144,8 +134,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def _split(row: dict[str, Any], key: str) -> str:
-    part = row.get("layout", {}).get(key)  # rows written before the split have none
-    return f"{part['success']:.3f} ({part['episodes']})" if part else "-"
+    part = row["layout"][key]
+    return f"{part['success']:.3f} ({part['episodes']})"
 
 
 def main() -> None:
@@ -155,13 +145,9 @@ def main() -> None:
     ap.add_argument("--num_envs", type=int, default=16)
     ap.add_argument("--num_steps", type=int, default=0, help="denoising steps (0: the policy's own)")
     ap.add_argument("--seed", type=int, default=SEED)
-    ap.add_argument("--append", action="store_true", help="keep the rows of other labels already in the results")
-    ap.add_argument("--write", type=Path, default=None)
-    args = ap.parse_args()
+    args = harness.add_output_args(ap).parse_args()
     torch.set_num_threads(1)
-    rows = json.loads(RESULTS.read_text())["results"] if args.append and RESULTS.exists() else []
-    mine = {spec.partition("=")[0] for spec in args.policy}
-    rows = [r for r in rows if r["label"] not in mine]
+    rows = []
     for spec in args.policy:
         label, sep, path = spec.partition("=")
         if not sep or not Path(path).is_dir():
@@ -170,17 +156,13 @@ def main() -> None:
         eps = play(path, args.episodes, args.seed, args.num_envs, args.num_steps)
         rows.append(summarize(label, path, eps, time.perf_counter() - t))
         print(table(rows[-1:]), flush=True)
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "when": time.strftime("%Y-%m-%d %H:%M"),
-            "seed": args.seed, "num_steps": args.num_steps, "near_m": NEAR}
-    write_json(RESULTS, {"meta": meta, "results": rows})
+    text = (f"Each policy's deterministic action on {args.episodes} held-out episodes of their own (seed {args.seed}), "
+            "failures classified from the env's privileged signals (the script's doc: `wrong cube` = the gripper went "
+            "to, or stayed nearer, a non-target cube; `stalled` = it came near no cube; `grasp` / `lift` = the stage "
+            f"it failed at).\n\n{table(rows)}")
     print(table(rows))
-    if args.write:
-        write_section(args.write, SECTION,
-                      f"`python benchmarks/failure_modes.py` ({meta['when']}; {meta['machine']}): each policy's "
-                      f"deterministic action on {args.episodes} held-out episodes of their own (seed {args.seed}), "
-                      f"failures classified from the env's privileged signals (the script's doc: `wrong cube` = the "
-                      f"gripper went to, or stayed nearer, a non-target cube; `stalled` = it came near no cube; "
-                      f"`grasp` / `lift` = the stage it failed at).\n\n{table(rows)}\n")
+    harness.publish("failure_modes", args, text, rows=rows,
+                    summary={"seed": args.seed, "num_steps": args.num_steps, "near_m": NEAR})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Fault-injection runner: N seeded faults per kind, then recovery, counted into ``benchmarks/results/faults.json``.
 
-Uses the fault suite's injector (:mod:`tests.faults.inject`: a forked child SIGKILL-ed, or its writes failed
-with ENOSPC, at the k-th file operation) and its fixtures. Kinds:
+Uses the fault suite's injector (:mod:`vla_rl.faults.inject`: a forked child SIGKILL-ed, or its writes failed
+with ENOSPC, at the k-th file operation) and its scenarios (:mod:`vla_rl.faults.scenarios`). Kinds:
 
 - ``checkpoint_kill``: SIGKILL at a random file operation of a checkpoint write, then resume;
 - ``checkpoint_disk_full``: ENOSPC from a random write of a checkpoint on, then resume;
@@ -11,7 +11,7 @@ with ENOSPC, at the k-th file operation) and its fixtures. Kinds:
 - ``train_kill``: SIGKILL at a random file operation of a ``vla-rl train`` run, then ``--resume true`` to the
   end (compared with an uninterrupted run: same metrics, weights and RNG state);
 - ``ros_load``: the ROS 2 bridge fed bursts, duplicated and out-of-order JointState stamps and a camera that
-  stops (tests/faults/test_ros_faults.py), deploy run to the watchdog's stop.
+  stops (:mod:`vla_rl.faults.ros_feed`), deploy run to the watchdog's stop.
 
 Counted per kind: faults injected, runs resumed (or datasets reopened), iterations lost (max; a damaged newest
 checkpoint costs its iteration by construction), files lost (files of earlier complete checkpoints or datasets
@@ -29,7 +29,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import random
 import shutil
 import sys
@@ -40,13 +39,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import harness
+import torch
 
-import torch  # noqa: E402
-from bench_report import write_json  # noqa: E402
-
-from tests.faults.inject import count_events, flip_bit, run_forked, truncate  # noqa: E402
+from vla_rl.faults import scenarios
+from vla_rl.faults.inject import count_events, flip_bit, run_forked, truncate
 
 
 @dataclass
@@ -80,12 +77,10 @@ def damage(path: Path, how: str, seed: int) -> None:
 
 
 def checkpoint_faults(res: dict[str, KindResult], n: int, rng: random.Random, work: Path) -> None:
-    from tests.faults.test_checkpoint_faults import prepared
-    from tests.vla_rl.test_checkpoint import _save
     from vla_rl import checkpoint as ckpt
 
     (work / "ckpt").mkdir()
-    base, policy, events = prepared(work / "ckpt")
+    base, policy, events = scenarios.prepared(work / "ckpt")
     keep = lambda p: p.name == ckpt.LATEST or any(part.startswith(".") for part in p.parts)  # noqa: E731
     for kind in ("checkpoint_kill", "checkpoint_disk_full"):
         r = res[kind]
@@ -95,7 +90,7 @@ def checkpoint_faults(res: dict[str, KindResult], n: int, rng: random.Random, wo
             before = digests(run, keep)
             k = rng.randrange(1, events + 1) if kind == "checkpoint_kill" else rng.randrange(1, 12)
             faults = {"kill_at": k} if kind == "checkpoint_kill" else {"enospc_from": k}
-            out = run_forked(lambda run=run: str(_save(run, 2, policy)), run, **faults)
+            out = run_forked(lambda run=run: str(scenarios.save(run, 2, policy)), run, **faults)
             r.injected += out.status != "ok"
             resumed = ckpt.resume_checkpoint(run, report=lambda line: None)
             if resumed is None:
@@ -107,7 +102,7 @@ def checkpoint_faults(res: dict[str, KindResult], n: int, rng: random.Random, wo
             r.failures += any(ckpt._problem(c) for c in ckpt.checkpoints(run))  # damaged under a final name
             shutil.rmtree(run)
     r = res["checkpoint_damage"]
-    _save(base, 2)
+    scenarios.save(base, 2)
     names = sorted(json.loads((base / "iter_000002" / "manifest.json").read_text())["files"]) + ["manifest.json"]
     for i in range(n):
         run = work / f"damage{i}"
@@ -130,7 +125,7 @@ def checkpoint_faults(res: dict[str, KindResult], n: int, rng: random.Random, wo
 
 def dataset_faults(res: dict[str, KindResult], n: int, rng: random.Random, work: Path) -> None:
     from sim.dataset import load_dataset, verify_dataset
-    from tests.faults.test_dataset_faults import EPISODES, record
+    from vla_rl.faults.scenarios import EPISODES, record
     from vla_core.manifest import IntegrityError
 
     probe = work / "ds_probe"
@@ -175,7 +170,7 @@ def dataset_faults(res: dict[str, KindResult], n: int, rng: random.Random, work:
 
 
 def train_faults(res: dict[str, KindResult], n: int, rng: random.Random, work: Path) -> None:
-    from tests.faults.test_train_faults import ITERATIONS, TINY, assert_same_run, kill_and_resume
+    from vla_rl.faults.scenarios import ITERATIONS, TINY, assert_same_run, kill_and_resume
     from vla_rl.cli import run
 
     ref = work / "train_ref"
@@ -202,7 +197,8 @@ def ros_faults(res: dict[str, KindResult], n: int, rng: random.Random, work: Pat
     import numpy as np
 
     from hardware import deploy
-    from tests.faults.test_ros_faults import LOWER, MAX_DELTA, UPPER, FeedAdapter, _config
+    from vla_rl.faults.ros_feed import LOWER, MAX_DELTA, UPPER, FeedAdapter
+    from vla_rl.faults.ros_feed import deploy_config as _config
 
     r = res["ros_load"]
     for i in range(n):
@@ -229,14 +225,11 @@ def ros_faults(res: dict[str, KindResult], n: int, rng: random.Random, work: Pat
             prev = chunk[0]
 
 
-def markdown(results: dict[str, KindResult], meta: dict) -> str:
+def markdown(results: dict[str, KindResult], n: int, seconds: float) -> str:
     lines = [
-        "## Fault injection (#21)",
-        "",
-        f"`python benchmarks/faults.py --n {meta['n']} --seed {meta['seed']}` ({meta['date']}, {meta['machine']}; "
-        f"{meta['seconds']:.0f} s wall on a shared, loaded machine: the times are not a speed claim). Each fault "
-        "is injected in a forked child (SIGKILL or ENOSPC at a seeded random file operation, or a damaged file), "
-        "then the run is resumed or the dataset reopened. Results: `benchmarks/results/faults.json`.",
+        f"{n} faults per kind, {seconds:.0f} s wall on a shared, loaded machine (the times are not a speed claim). "
+        "Each fault is injected in a forked child (SIGKILL or ENOSPC at a seeded random file operation, or a damaged "
+        "file), then the run is resumed or the dataset reopened.",
         "",
         "| fault kind | injected | resumed / reopened | iterations lost (max) | files lost | commands outside "
         "the envelope | failures |",
@@ -247,7 +240,7 @@ def markdown(results: dict[str, KindResult], meta: dict) -> str:
                      f"{r.commands_outside_envelope} | {r.failures} |")
     lines += ["", "`checkpoint_damage` loses the damaged checkpoint's iteration by construction (its newest "
               "checkpoint is the damaged one); `ros_load` counts each stale JointState message and the camera stop "
-              "as injected faults and a watchdog stop as the recovery.", ""]
+              "as injected faults and a watchdog stop as the recovery."]
     return "\n".join(lines)
 
 
@@ -256,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=5, help="faults per kind")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kinds", default="checkpoint,dataset,train,ros", help="comma-separated groups to run")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "faults.json")
-    args = p.parse_args(argv)
+    args = harness.add_output_args(p).parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     kinds = ["checkpoint_kill", "checkpoint_disk_full", "checkpoint_damage", "dataset_kill", "dataset_damage",
@@ -277,11 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                 results[k].seconds = before[k] + spent / len(touched)
             print(f"{name}: {spent:.0f} s", flush=True)
     results = {k: r for k, r in results.items() if r.injected}
-    meta = {"n": args.n, "seed": args.seed, "date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0,
-            "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, load {os.getloadavg()[0]:.1f}",
-            "torch_threads": torch.get_num_threads()}
-    write_json(args.out, {"meta": meta, "kinds": {k: asdict(r) for k, r in results.items()}}, indent=2)
-    print(markdown(results, meta))
+    text = markdown(results, args.n, time.time() - t0)
+    print(text)
+    harness.publish("faults", args, text, rows={k: asdict(r) for k, r in results.items()},
+                    summary={"n": args.n, "seed": args.seed, "load_average": os.getloadavg()[0]},
+                    command=harness.command_line("faults", argv))
     bad = sum(r.files_lost + r.commands_outside_envelope + r.failures for r in results.values())
     return 1 if bad else 0
 

@@ -12,15 +12,16 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from tests.faults.inject import count_events, flip_bit, run_forked, truncate
-from tests.vla_rl.test_checkpoint import _policy, _save
 from vla_core.manifest import MANIFEST
 from vla_rl import checkpoint as ckpt
+from vla_rl.faults.inject import flip_bit, run_forked, truncate
+from vla_rl.faults.scenarios import prepared
+from vla_rl.faults.scenarios import save as _save
+from vla_rl.faults.scenarios import tiny_policy as _policy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,17 +41,6 @@ def assert_sound(ckpt_dir: Path, newest: int) -> int:
     assert torch.equal(state["learner"]["w"], torch.full((4,), float(iteration)))
     assert newest - iteration <= 1, f"lost {newest - iteration} iterations"
     return iteration
-
-
-def prepared(folder: Path) -> tuple[Path, Any, int]:
-    """``folder/base`` holding checkpoint 1, the policy to save as checkpoint 2, and how many file operations
-    (kill points) writing checkpoint 2 there takes."""
-    base = folder / "base"
-    _save(base, 1)
-    policy = _policy()
-    probe = folder / "probe"
-    shutil.copytree(base, probe)
-    return base, policy, count_events(lambda: str(_save(probe, 2, policy)), probe).events
 
 
 def test_sigkill_between_every_file_of_a_checkpoint_write(tmp_path: Path) -> None:

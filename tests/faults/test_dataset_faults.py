@@ -15,38 +15,15 @@ import random
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
-from sim.core import OBS_STATE, EnvSpec, TensorSpec
-from sim.dataset import EpisodeRecorder, load_dataset, verify_dataset
-from tests.faults.inject import count_events, flip_bit, run_forked, truncate
+from sim.dataset import load_dataset, verify_dataset
 from vla_core.manifest import MANIFEST, IntegrityError
 from vla_rl.cli import run
+from vla_rl.faults.inject import count_events, flip_bit, run_forked, truncate
+from vla_rl.faults.scenarios import EPISODES, LENGTH, record
 
 pytestmark = pytest.mark.timeout(300)
-
-EPISODES, LENGTH = 3, 4
-SPEC = EnvSpec(env_id="test/faults", observation={OBS_STATE: TensorSpec((3,), torch.float32),
-                                                  "observation.images.front": TensorSpec((8, 8, 3), torch.uint8)},
-               action=TensorSpec((2,), torch.float32), max_episode_steps=LENGTH, control_freq=10.0,
-               cameras=("front",))
-
-
-def record(root: Path, episodes: int = EPISODES) -> str:
-    """Record ``episodes`` deterministic episodes into a new dataset at ``root`` (as ``vla-rl collect`` does)."""
-    rng = np.random.default_rng(0)
-    rec = EpisodeRecorder(root, "local/faults", SPEC, fps=10)
-    for _ in range(episodes):
-        for t in range(LENGTH):
-            obs = {OBS_STATE: torch.as_tensor(rng.normal(size=(1, 3)), dtype=torch.float32),
-                   "observation.images.front": torch.as_tensor(rng.integers(0, 256, (1, 8, 8, 3)), dtype=torch.uint8),
-                   "task": ["pick"]}
-            rec.add_frame(obs, rng.normal(size=2).astype(np.float32), float(t), t == LENGTH - 1)
-        rec.save_episode()
-    return str(rec.finalize())
-
 
 def _digests(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -10,124 +10,17 @@ the same weights and the same RNG state (the config and the RNG stream continue)
 
 from __future__ import annotations
 
-import json
 import random
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from tests.faults.inject import count_events, run_forked, truncate
-from tests.vla_rl.test_train import TINY as TRAIN_TINY
 from vla_rl import checkpoint as ckpt
 from vla_rl.cli import run
+from vla_rl.faults.inject import count_events, run_forked, truncate
+from vla_rl.faults.scenarios import ITERATIONS, TINY, assert_same_run, kill_and_resume, train_forked
 
 pytestmark = pytest.mark.timeout(600)
-
-TINY = [*TRAIN_TINY, "--env.num_workers", "0"]  # envs in the run's own process: a SIGKILL leaves no orphan
-ITERATIONS = 5
-
-
-def train_forked(run_dir: Path, iterations: int = ITERATIONS, resume: bool = False, **faults):
-    """``vla-rl train`` (:data:`TINY`) in a forked child; ``faults`` go to :func:`run_forked` (its file-system
-    events count under ``run_dir``)."""
-    args = ["train", *TINY, "--iterations", str(iterations), "--run_dir", str(run_dir)]
-    if resume:
-        args += ["--resume", "true"]
-    run_dir.mkdir(parents=True, exist_ok=True)
-
-    def work() -> None:
-        run(args)
-
-    faults.setdefault("capture", True)
-    return run_forked(work, run_dir, **faults)
-
-
-def metric_rows(run_dir: Path) -> dict[int, dict]:
-    """``metrics.jsonl`` as ``{step: row}`` (a step logged twice, before a kill and after the resume, keeps the
-    later row), without timings."""
-    rows: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        rows[r["step"]] = {k: v for k, v in r.items() if not k.startswith("time/")}
-    return rows
-
-
-def logged_iterations(run_dir: Path) -> int:
-    """Training iterations whose metrics reached ``metrics.jsonl``: its distinct steps (env steps, one per
-    iteration; a resumed run logs an iteration again under the same step) less the evaluation before training
-    (step 0). A line torn by the kill does not count."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    steps = {json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")}
-    return max(len(steps - {0}), 0)
-
-
-_RESUMED = re.compile(r"resuming .* at iteration (\d+) from")
-
-
-@dataclass
-class KillReport:
-    """What the kills of one run cost."""
-
-    kills: int = 0
-    resumes: int = 0
-    lost: list[int] = field(default_factory=list)
-    """Per kill: iterations logged before it minus the iteration resumed from."""
-
-
-def kill_and_resume(run_dir: Path, points: list[tuple[str, float]]) -> KillReport:
-    """Start the run, SIGKILL it at each of ``points`` in turn (``("event", k)``: at the k-th file operation,
-    ``("time", s)``: after s seconds), resuming after each, then let it finish."""
-    report = KillReport()
-    resume = False
-    for kind, at in points:
-        faults = {"kill_at": int(at)} if kind == "event" else {"kill_after_s": at}
-        out = train_forked(run_dir, resume=resume, **faults)
-        if out.status == "ok":  # the run finished before the kill point
-            return report
-        assert out.status == "killed", out
-        report.kills += 1
-        done = logged_iterations(run_dir)
-        lines: list[str] = []
-        resumed = ckpt.resume_checkpoint(run_dir / "checkpoints", report=lines.append)
-        assert lines == [], lines  # nothing under a final name is damaged
-        at_iter = ckpt.load_trainer_state(resumed)["iteration"] if resumed is not None else 0
-        report.lost.append(done - at_iter)
-        resume = True
-    out = train_forked(run_dir, resume=resume)
-    assert out.status == "ok", out
-    if resume:
-        report.resumes = report.kills
-        match = _RESUMED.search(out.stdout)
-        assert match or "starting from scratch" in out.stdout, out.stdout
-    return report
-
-
-def assert_same_run(a: Path, b: Path, iterations: int = ITERATIONS) -> None:
-    """The metrics at every step, the final weights and RNG state of two runs are the same."""
-    ra, rb = metric_rows(a), metric_rows(b)
-    assert sorted(ra) == sorted(rb)
-    for step, row in ra.items():
-        for key, value in row.items():
-            if value is None:
-                assert rb[step].get(key, 0) is None, (step, key)
-            else:
-                assert rb[step].get(key) == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
-    last = f"iter_{iterations:06d}"
-    sa = torch.load(a / "checkpoints" / last / "trainer.pt", weights_only=True)
-    sb = torch.load(b / "checkpoints" / last / "trainer.pt", weights_only=True)
-    assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
-    assert torch.equal(sa["rng"]["numpy"]["key"], sb["rng"]["numpy"]["key"])
-    assert sa["rng"]["python"] == sb["rng"]["python"]
-    pa = load_file(a / "checkpoints" / last / "policy" / "model.safetensors")
-    pb = load_file(b / "checkpoints" / last / "policy" / "model.safetensors")
-    assert pa.keys() == pb.keys() and all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
-
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> tuple[Path, int]:

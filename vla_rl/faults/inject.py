@@ -1,4 +1,4 @@
-"""Fault injection for the fault suite: run a function in a forked child and SIGKILL it, or fail its writes with
+"""Fault injection for the fault suite and ``benchmarks/faults.py``: run a function in a forked child and SIGKILL it, or fail its writes with
 ENOSPC, at the k-th file-system operation under a folder.
 
 Kill points are Python's audit events (``sys.addaudithook``) that touch a path under ``root``: ``open`` (any

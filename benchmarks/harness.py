@@ -1,0 +1,151 @@
+"""The harness every benchmark script shares: run a command per seed, then publish what it measured.
+
+A script measures, then calls :func:`publish`, which
+
+- writes ``benchmarks/results/NAME.json`` (overwritten by a re-run) with the benchmark's name, the command that
+  produced it, the commit (``git rev-parse --short HEAD``), the machine, the date and the rows / summary;
+- replaces the script's table in ``docs/results.md``: the block between ``<!-- results:NAME -->`` and
+  ``<!-- /results:NAME -->``, added once at the end of the page when the markers are missing.
+
+Every script takes ``--results-dir`` and ``--page`` (:func:`add_output_args`), so a smoke run writes to a
+temporary folder instead of the published files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the scripts import the project's packages from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from vla_core.manifest import write_text_atomic  # noqa: E402
+from vla_rl.evaluation import wilson_interval  # noqa: E402
+
+__all__ = ["ROOT", "add_output_args", "command_line", "commit", "machine", "markdown_table", "publish",
+           "replace_block", "run_seeds", "split_passthrough", "wilson_interval"]
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+RESULTS_PAGE = ROOT / "docs" / "results.md"
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--results-dir`` and ``--page``: where :func:`publish` writes (default: the published files)."""
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="folder of NAME.json")
+    parser.add_argument("--page", type=Path, default=RESULTS_PAGE, help="markdown page whose results block to replace")
+    return parser
+
+
+def commit() -> str:
+    """The checkout's short commit hash, ``+dirty`` when tracked files changed; ``unknown`` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def machine() -> str:
+    """Platform, CPU count and GPU (when torch sees one), e.g. ``Linux x86_64, 2 CPUs, no GPU``."""
+    gpu = "no GPU"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {gpu}"
+
+
+def command_line(name: str, argv: Sequence[str] | None = None) -> str:
+    """``python benchmarks/NAME.py ARGS`` as the user typed it (``argv`` default: ``sys.argv[1:]``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return shlex.join(["python", f"benchmarks/{name}.py", *args])
+
+
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(own arguments, arguments after --)``: what a script parses and what it passes to the command it runs."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
+def run_seeds(command: Sequence[str], seeds: Sequence[int], *, env: dict[str, str] | None = None) -> list[float]:
+    """Run ``command`` once per seed, each alone in a subprocess from the repository root, ``{seed}`` in any
+    argument replaced by the seed; returns the wall seconds of each. Raises ``RuntimeError`` naming the seed and
+    the command when one exits non-zero."""
+    walls = []
+    for seed in seeds:
+        cmd = [part.replace("{seed}", str(seed)) for part in command]
+        print(f"[seed {seed}] {shlex.join(cmd)}", flush=True)
+        start = time.perf_counter()
+        done = subprocess.run(cmd, cwd=ROOT, env=None if env is None else {**os.environ, **env})
+        walls.append(time.perf_counter() - start)
+        if done.returncode:
+            raise RuntimeError(f"seed {seed}: `{shlex.join(cmd)}` exited with {done.returncode}")
+    return walls
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
+    """A markdown table; ``align`` is one character per column (``l`` or ``r``, default: first left, rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header):
+        raise ValueError(f"markdown_table: {len(align)} alignments for {len(header)} columns")
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"markdown_table: a row of {len(row)} cells under {len(header)} columns: {row!r}")
+        lines.append("| " + " | ".join(str(cell) for cell in row) + " |")
+    return "\n".join(lines)
+
+
+def replace_block(page: Path, name: str, body: str) -> None:
+    """Replace the text between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` of ``page`` with
+    ``body``; add the block at the end of the page when the markers are missing. Raises ``ValueError`` naming
+    the page when only one marker is there, or either is there twice."""
+    start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+    text = page.read_text() if page.exists() else ""
+    counts = text.count(start), text.count(end)
+    block = f"{start}\n{body.strip(chr(10))}\n{end}"
+    if counts == (0, 0):
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
+    elif counts == (1, 1) and text.index(start) < text.index(end):
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        raise ValueError(f"{page}: expected one {start} before one {end}, found {counts[0]} and {counts[1]}")
+    page.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(page, text)
+
+
+def publish(name: str, args: argparse.Namespace, table: str, *, rows: Any = None, summary: Any = None,
+            command: str | None = None) -> Path:
+    """Write ``args.results_dir/NAME.json`` and replace the ``NAME`` block of ``args.page`` with ``table`` and a
+    line saying how it was made; returns the results file. ``rows`` / ``summary``: anything JSON can hold (values
+    it cannot, such as paths, are written as their ``str``)."""
+    command = command or command_line(name)
+    record = {"benchmark": name, "command": command, "commit": commit(), "machine": machine(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows, "summary": summary}
+    path = Path(args.results_dir) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(record, indent=1, default=str) + "\n")
+    where = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+    made = f"`{command}` at {record['commit']} on {record['machine']}, {record['date']}; results: `{where}`."
+    replace_block(Path(args.page), name, f"{table.strip(chr(10))}\n\n{made}")
+    return path
