@@ -12,8 +12,11 @@ config dataclass that parametrizes it::
     entry.obj(...)
 
 Factories look entries up by name; they never special-case a type with
-``isinstance``. This module has no dependencies beyond the standard library so
-that every layer (``sim``, ``policies``, ``rewards``, ``hardware``) may use it.
+``isinstance``. A config section that picks an entry by its ``type`` key
+(``--policy.type``, ``--algo.type``) is a draccus choice reading the same
+registry (:class:`RegistryChoice`): an entry is registered once. This module
+imports nothing of the project (draccus is third-party), so every layer
+(``sim``, ``policies``, ``rewards``, ``hardware``) may use it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import dataclasses
 import difflib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -127,3 +130,57 @@ class Registry(Generic[T]):
                 f"valid options: {', '.join(sorted(fields))}"
             )
         return entry.config(**values)
+
+
+class RegistryChoice:
+    """Mixin of a draccus choice base whose choices are the entries of a :class:`Registry` (LeRobot-style).
+
+    ``class LearnerConfig(RegistryChoice, draccus.ChoiceRegistry)`` with ``choices = ALGORITHMS`` makes
+    ``algo: LearnerConfig`` a config section whose ``type`` key (``--algo.type ppo``) names an entry of
+    ``ALGORITHMS`` and whose other keys are that entry's config fields. draccus asks the registry, so the
+    decorator that registers an entry is the only registration (``register_subclass`` refuses). draccus
+    recognizes a choice base by ``draccus.ChoiceRegistry`` among its direct bases: list it after this mixin.
+    """
+
+    choices: ClassVar[Registry[Any]]
+    """The registry whose entries (those with a config) are the choices."""
+    default_choice: ClassVar[str | None] = None
+    """The entry chosen when the section has no ``type`` key."""
+
+    @classmethod
+    def choice_class(cls, entry: Entry[Any]) -> type | None:
+        """The dataclass a section choosing ``entry`` decodes into. Default: the entry's config."""
+        return entry.config
+
+    @classmethod
+    def get_choice_class(cls, name: str) -> Any:
+        """draccus: the config class of ``name``; :class:`RegistryError` (a ``KeyError``) for an unknown name."""
+        choice = cls.choice_class(cls.choices.get(name))
+        if choice is None:
+            raise RegistryError(f"{cls.choices.kind} {name!r} takes no config")
+        return choice
+
+    @classmethod
+    def get_known_choices(cls) -> dict[str, Any]:
+        """draccus: every registered name with its config class."""
+        known = {entry.name: cls.choice_class(entry) for entry in cls.choices}
+        return {name: choice for name, choice in known.items() if choice is not None}
+
+    @classmethod
+    def get_choice_name(cls, subcls: type) -> str:
+        """draccus: the registered name of config class ``subcls``; ``ValueError`` for any other class."""
+        for name, choice in cls.get_known_choices().items():
+            if choice is subcls:
+                return name
+        raise ValueError(f"{subcls.__name__} is not the config of a registered {cls.choices.kind}")
+
+    @classmethod
+    def default_choice_name(cls) -> str | None:
+        """draccus: the name chosen when a section gives no ``type``."""
+        return cls.default_choice
+
+    @classmethod
+    def register_subclass(cls, name: str, choice_type: type | None = None) -> Any:
+        """Refused: an entry is registered once, in :attr:`choices` (see the class doc)."""
+        raise TypeError(f"register {cls.choices.kind} {name!r} with its registry's decorator, not register_subclass: "
+                        f"{cls.__name__} reads its choices from the {cls.choices.kind} registry")

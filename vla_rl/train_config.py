@@ -10,6 +10,8 @@ registered learner (:data:`vla_rl.algorithms.base.ALGORITHMS`) the same way.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import draccus
@@ -17,6 +19,7 @@ import draccus
 import policies as _policies  # noqa: F401  (registers the policy modules)
 from policies.registry import POLICIES
 from rewards.config import RewardConfig
+from vla_core.registry import Entry, RegistryChoice
 from vla_rl.algorithms import filtered_bc as _filtered_bc  # noqa: F401  (registers the built-in learners)
 from vla_rl.algorithms import grpo as _grpo  # noqa: F401
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
@@ -32,30 +35,44 @@ from vla_rl.threads import ThreadsConfig
 DEFAULT_POLICY = "compact-flow"
 
 
-class PolicyConfig(draccus.ChoiceRegistry):
-    """Base of the per-policy configs; ``--policy.type NAME`` chooses one."""
+class PolicyConfig(RegistryChoice, draccus.ChoiceRegistry):
+    """Base of the per-policy configs; ``--policy.type NAME`` chooses one of :data:`policies.registry.POLICIES`.
+
+    The choice of a policy is its registered config dataclass plus ``path`` (a checkpoint to start from), derived
+    when draccus first asks for it: ``@POLICIES.register(name, config=...)`` is the only registration a policy needs.
+    """
+
+    choices = POLICIES
+    default_choice = DEFAULT_POLICY
 
     @classmethod
-    def default_choice_name(cls) -> str:
-        return DEFAULT_POLICY
+    def choice_class(cls, entry: Entry) -> type | None:
+        return None if entry.config is None else _with_path(entry.config)
 
 
-def _choice_configs() -> dict[str, type]:
-    """One draccus choice class per registered policy: its config fields plus ``path``."""
-    out = {}
-    for entry in POLICIES:
-        if entry.config is None:
-            continue
-        ns = {"__annotations__": {"path": str}, "path": "", "__doc__": entry.config.__doc__,
-              "__module__": __name__}
-        frozen = entry.config.__dataclass_params__.frozen  # type: ignore[attr-defined]
-        choice = dataclass(frozen=frozen)(type(f"{entry.config.__name__}Choice", (entry.config, PolicyConfig), ns))
-        PolicyConfig.register_subclass(entry.name, choice)
-        out[entry.name] = choice
-    return out
+@functools.cache
+def _with_path(config: type) -> type:
+    """``config`` plus a ``path`` field, deriving :class:`PolicyConfig` (one class per config, made once)."""
+    ns = {"__annotations__": {"path": str}, "path": "", "__doc__": config.__doc__, "__module__": __name__}
+    frozen = config.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    return dataclass(frozen=frozen)(type(f"{config.__name__}Choice", (config, PolicyConfig), ns))
 
 
-POLICY_CHOICES = _choice_configs()
+class _PolicyChoices(Mapping[str, type]):
+    """Policy name -> its :class:`PolicyConfig` class, read from the registry whenever asked."""
+
+    def __getitem__(self, name: str) -> type:
+        return PolicyConfig.get_choice_class(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PolicyConfig.get_known_choices())
+
+    def __len__(self) -> int:
+        return len(PolicyConfig.get_known_choices())
+
+
+POLICY_CHOICES: Mapping[str, type] = _PolicyChoices()
+"""``POLICY_CHOICES["compact-flow"](chunk_size=4)``: a policy section of a command's config."""
 
 
 def policy_type(cfg: PolicyConfig) -> str:

@@ -41,3 +41,42 @@ def test_duplicate_and_bad_options_are_errors():
         reg.make_config("a", colour="red")
     with pytest.raises(TypeError, match="must be a dataclass"):
         reg.register("b", config=int)
+
+
+def test_a_registry_choice_reads_its_choices_from_the_registry():
+    """A config section picks an entry by ``type``; registering the entry is the only registration it needs."""
+    import dataclasses
+
+    import draccus
+
+    from vla_core.registry import RegistryChoice
+
+    shapes: Registry = Registry("shape")
+
+    class ShapeConfig(RegistryChoice, draccus.ChoiceRegistry):
+        choices = shapes
+        default_choice = "square"
+
+    @dataclasses.dataclass
+    class SquareConfig(ShapeConfig):
+        side: int = 1
+
+    @dataclasses.dataclass
+    class Scene:
+        shape: ShapeConfig = dataclasses.field(default_factory=SquareConfig)
+
+    shapes.register("square", config=SquareConfig)(object)
+    assert draccus.parse(Scene, args=["--shape.side", "3"]).shape == SquareConfig(side=3)
+
+    @dataclasses.dataclass
+    class CircleConfig(ShapeConfig):
+        radius: float = 1.0
+
+    shapes.register("circle", config=CircleConfig)(object)  # registered after the section's class: still a choice
+    scene = draccus.parse(Scene, args=["--shape.type", "circle", "--shape.radius", "2"])
+    assert scene.shape == CircleConfig(radius=2.0) and ShapeConfig.get_choice_name(CircleConfig) == "circle"
+    assert draccus.encode(scene) == {"shape": {"type": "circle", "radius": 2.0}}
+    with pytest.raises(TypeError, match="register shape 'oval' with its registry's decorator"):
+        ShapeConfig.register_subclass("oval", CircleConfig)
+    with pytest.raises(RegistryError, match="unknown shape 'sqare'. Did you mean square"):
+        ShapeConfig.get_choice_class("sqare")
