@@ -169,9 +169,9 @@ def last_checkpoint(run_dir: Path) -> Path:
 
 def evaluate_as_run(checkpoint: Path, policy: Path, episodes: int) -> dict[str, Any]:
     """``policy`` on ``episodes`` held-out episodes of an alignment run, with the config of its ``checkpoint``
-    folder (env, seeds, costs): :func:`vla_rl.commands.align.evaluate_policy_folder`."""
+    folder (env, seeds, costs): :func:`vla_rl.grape.rounds.evaluate_policy_folder`."""
     from vla_rl.cli import parse_config
-    from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
+    from vla_rl.grape.rounds import AlignConfig, evaluate_policy_folder
 
     config = checkpoint / "config.json"
     return evaluate_policy_folder(parse_config(AlignConfig, ["--config_path", str(config), "--policy.path",
@@ -192,7 +192,7 @@ def success_kept(after: float, before_ci: list[float]) -> bool:
 
 def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
     """Whether the run meets issue 17's target for ``objective``, and the measured quantity."""
-    from vla_rl.grape import collisions_by_outcome, shared_success_steps
+    from vla_rl.grape.report import collisions_by_outcome, shared_success_steps
 
     b, a = r["before"], r["after"]
     kept = success_kept(a["success"], b["success_ci"])
@@ -317,7 +317,7 @@ def main() -> None:
 
 
 def rescore(args: argparse.Namespace) -> None:
-    """``--rescore``: per-episode records for finished runs (:func:`vla_rl.commands.align.evaluate_policy_folder`
+    """``--rescore``: per-episode records for finished runs (:func:`vla_rl.grape.rounds.evaluate_policy_folder`
     on each run's starting policy and last checkpoint, with the run's own config), so that verdicts can use them
     (the efficiency row's steps on states solved before and after). Evaluation is deterministic: a fresh
     evaluation that does not reproduce the report's success stops the rescore. Rows keep their wall times."""

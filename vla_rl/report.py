@@ -73,7 +73,7 @@ def make_plots(metrics_file: str | Path, out_dir: str | Path) -> list[Path]:
 def stack_times(ax: Any, rows: Sequence[dict[str, Any]], keys: Sequence[str], x: str = "step") -> None:
     """A stacked area per ``time/*_s`` key of ``keys`` (the stages that add up to each row's wall time) over the
     rows' ``x``; keys no row has are left out. Training iterations stack :data:`BREAKDOWN`, ``vla-rl align``'s
-    rounds :data:`vla_rl.align_report.ROUND_TIMES`."""
+    rounds :data:`vla_rl.grape.report.ROUND_TIMES`."""
     keys = [k for k in keys if any(r.get(k) for r in rows)]
     xs = [r[x] for r in rows]
     import matplotlib

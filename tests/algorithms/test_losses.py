@@ -11,9 +11,9 @@ from vla_rl.algorithms.losses import (
     entropy_bonus,
     kl_k3,
     ppo_policy_loss,
-    tpo_loss,
     value_loss,
 )
+from vla_rl.grape.tpo import tpo_loss
 
 NAN = float("nan")
 
@@ -236,56 +236,6 @@ def test_kl_k3_is_unbiased_for_exact_categorical_kl() -> None:
 def test_kl_k3_rejects_bad_inputs() -> None:
     with pytest.raises(ValueError, match=r"ref_logp shape \(3,\) must equal logp shape \(2,\)"):
         kl_k3(torch.zeros(2), torch.zeros(3))
-
-
-# ----------------------------------------------------------------------------- TPO
-
-
-def test_tpo_loss_hand_computed() -> None:
-    logp_w = t64([-1.0, -2.0]).requires_grad_(True)
-    logp_l = t64([-3.0, -1.0])
-    ref_w, ref_l = t64([-1.5, -2.0]), t64([-2.5, -1.5])
-    loss, stats = tpo_loss(logp_w, logp_l, ref_w, ref_l, 0.1)
-    # rho_w = .1 * [.5, 0] = [.05, 0]; rho_l = .1 * [-.5, .5] = [-.05, .05]; margins [.1, -.05]
-    # -log sigmoid(m) = log(1 + e^{-m})
-    expected = (math.log1p(math.exp(-0.1)) + math.log1p(math.exp(0.05))) / 2
-    torch.testing.assert_close(loss, t64(expected))
-    torch.testing.assert_close(stats["reward_margin"], t64(0.025))
-    torch.testing.assert_close(stats["reward_chosen"], t64(0.025))
-    torch.testing.assert_close(stats["reward_rejected"], t64(0.0))
-    torch.testing.assert_close(stats["accuracy"], t64(0.5))
-    loss.backward()
-    # d/dlogp_w of -log sigmoid(m) = -beta * sigmoid(-m) = -beta / (1 + e^m); / P = 2
-    torch.testing.assert_close(logp_w.grad, t64([-0.1 / (1 + math.exp(0.1)) / 2, -0.1 / (1 + math.exp(-0.05)) / 2]))
-
-
-def test_tpo_loss_chosen_penalty_hand_computed() -> None:
-    """DPO-Positive: only a chosen trajectory that lost likelihood against the reference is charged, lambda per nat."""
-    logp_w = t64([-1.0, -2.5]).requires_grad_(True)  # pair 0 gained 0.5 nats, pair 1 lost 0.5
-    logp_l, ref_w, ref_l = t64([-3.0, -3.0]), t64([-1.5, -2.0]), t64([-2.5, -2.5])
-    loss, stats = tpo_loss(logp_w, logp_l, ref_w, ref_l, 0.1, chosen_penalty=4.0)
-    # margins: [.1 * .5 + .1 * .5, .1 * -.5 + .1 * .5] = [.1, 0]; penalty: [0, .1 * 4 * .5] = [0, .2]
-    expected = (math.log1p(math.exp(-0.1)) + math.log1p(math.exp(0.2))) / 2
-    torch.testing.assert_close(loss, t64(expected))
-    torch.testing.assert_close(stats["chosen_drop"], t64(0.25))
-    torch.testing.assert_close(stats["reward_margin"], t64(0.05))  # the margin itself is not changed
-    loss.backward()
-    # pair 1's chosen gets the DPO pull plus lambda times it: -beta (1 + lambda) sigmoid(-(0 - .2)) / 2
-    torch.testing.assert_close(logp_w.grad[1], t64(-0.1 * 5.0 / (1 + math.exp(-0.2)) / 2))
-    plain, _ = tpo_loss(logp_w.detach(), logp_l, ref_w, ref_l, 0.1)
-    assert float(plain) < float(loss.detach())
-    with pytest.raises(ValueError, match="chosen_penalty must be >= 0"):
-        tpo_loss(logp_w, logp_l, ref_w, ref_l, 0.1, chosen_penalty=-1.0)
-
-
-def test_tpo_loss_rejects_bad_inputs() -> None:
-    x = torch.zeros(3)
-    with pytest.raises(ValueError, match="beta must be > 0"):
-        tpo_loss(x, x, x, x, 0.0)
-    with pytest.raises(ValueError, match=r"ref_logp_rejected shape \(2,\)"):
-        tpo_loss(x, x, x, torch.zeros(2), 0.1)
-    with pytest.raises(ValueError, match=r"logp_chosen must be \[P\]"):
-        tpo_loss(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2), 0.1)
 
 
 def test_all_losses_have_finite_gradients_on_random_inputs() -> None:

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from vla_rl.align_report import load_trajectories
-from vla_rl.algorithms.tpo import TPOConfig
 from vla_rl.cli import run
 from vla_rl.config import ConfigError
+from vla_rl.grape.tpo import TPOConfig
+from vla_rl.grape.trajectory import load_trajectories
 
 torch.set_num_threads(1)
 TOY = ["--smoke", "true", "--env.num_envs", "4", "--env.image_size", "32", "--env.max_episode_steps", "12", "--rounds", "2", "--states_per_round", "2",
@@ -79,7 +79,7 @@ def test_align_reports_where_each_rounds_time_goes(tmp_path: Path):
 
 
 def test_resume_after_a_kill_between_rounds_matches_an_uninterrupted_run(tmp_path: Path, monkeypatch):
-    import vla_rl.commands.align as align
+    import vla_rl.grape.rounds as align
 
     args = [*TOY, "--env.obs_mode", "state", "--env.wrist_camera", "false", "--save_dataset", "false"]
     full = tmp_path / "full"
@@ -141,7 +141,7 @@ def test_unknown_cost_term_lists_the_valid_ones(capsys):
 def test_stage_wise_scoring_on_a_task_without_stages_names_the_task():
     from sim.vector import SerialVecEnv
     from tests.sim.toy_env import CounterEnv
-    from vla_rl.grape import ScoreConfig, check_scoring
+    from vla_rl.grape.scoring import ScoreConfig, check_scoring
 
     with SerialVecEnv([functools.partial(CounterEnv, signals=True)] * 2, "toy/counter") as env:
         assert check_scoring(env, ScoreConfig(costs={"episode_steps": 0.1}, stagewise=False), 0) == [
@@ -208,7 +208,7 @@ def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_
     the run's held-out episodes again."""
     from tests.benchmarks import load_benchmark
     from vla_rl.cli import parse_config
-    from vla_rl.commands.align import AlignConfig, evaluate_policy_folder
+    from vla_rl.grape.rounds import AlignConfig, evaluate_policy_folder
 
     out = tmp_path / "align-task"  # where benchmarks/grape.py keeps a seed's task run
     run(["align", "--preset", "align_efficiency", *TOY, "--rounds", "1", "--run_dir", str(out)])
@@ -228,7 +228,7 @@ def test_align_presets_parse_with_their_measured_settings(objective: str):
     task and safety presets imitate the chosen successes and the pre-training demos at filtered_bc's rate (sessions
     49 and 52); the efficiency preset leaves both out (they slow its successes, sessions 51-52)."""
     from vla_rl.cli import parse_config
-    from vla_rl.commands.align import AlignConfig
+    from vla_rl.grape.rounds import AlignConfig
 
     cfg = parse_config(AlignConfig, ["--preset", f"align_{objective}"])
     rounds = 15 if objective == "efficiency" else 10
@@ -241,7 +241,7 @@ def test_align_presets_parse_with_their_measured_settings(objective: str):
 def test_demo_bc_defaults_to_the_demos_the_policy_was_pretrained_on(tmp_path: Path, capsys):
     """``--tpo.demo_bc`` without ``--tpo.demos`` reads the ``dataset`` of the policy folder's ``sft.json`` (the
     quickstart and ``vla-rl sft`` write it); a policy that records none is refused with the field to set."""
-    from vla_rl.commands.align import AlignConfig, _with_pretraining_demos
+    from vla_rl.grape.rounds import AlignConfig, _with_pretraining_demos
     from vla_rl.train_config import POLICY_CHOICES
 
     policy = tmp_path / "sft_policy"
@@ -262,7 +262,7 @@ def test_demo_bc_defaults_to_the_demos_the_policy_was_pretrained_on(tmp_path: Pa
 
 
 def _stub_trajectory(tid: int, success: bool) -> "Trajectory":
-    from vla_rl.data.preferences import Trajectory
+    from vla_rl.grape.trajectory import Trajectory
 
     return Trajectory(id=tid, state=0, seed=tid, obs={"observation.state": torch.zeros(1, 2)},
                       actions=torch.zeros(1, 2, 3), extras={}, logp=torch.zeros(1), success=success, steps=1,
@@ -273,8 +273,8 @@ def test_replay_reads_the_successes_of_the_rounds_before_from_their_files(tmp_pa
     """``--tpo.replay_rounds K``: round k's update gets the successes written by rounds k-K .. k-1 (failures and
     older rounds left out; a round without a file skipped), read from ``trajectories.pt`` so that a resumed run
     replays what the uninterrupted one did."""
-    from vla_rl.align_report import save_trajectories
-    from vla_rl.commands.align import AlignConfig, _Run
+    from vla_rl.grape.rounds import AlignConfig, _Run
+    from vla_rl.grape.trajectory import save_trajectories
 
     rounds = {0: [(0, True), (1, False)], 1: [(2, True), (3, True)], 3: [(4, True)]}
     for k, trajs in rounds.items():
@@ -295,7 +295,7 @@ def test_replay_reads_the_successes_of_the_rounds_before_from_their_files(tmp_pa
 def test_align_toy_run_with_replay_trains_and_resumes_like_an_uninterrupted_run(tmp_path: Path, monkeypatch):
     """A toy run with ``--tpo.chosen_bc 1 --tpo.replay_rounds 1`` whose first round has successes: round 2's update
     reports the pool it replayed, and a run killed after round 1 and resumed ends with the same weights."""
-    import vla_rl.commands.align as align
+    import vla_rl.grape.rounds as align
 
     args = [*TOY, "--env.obs_mode", "state", "--env.wrist_camera", "false", "--save_dataset", "false",
             "--tpo.chosen_bc", "1", "--tpo.replay_rounds", "1"]
@@ -332,12 +332,12 @@ def test_align_toy_run_with_replay_trains_and_resumes_like_an_uninterrupted_run(
 def test_the_round_line_shows_the_losses_the_update_had(capsys):
     """A preference update prints its TPO loss and accuracy; one with ``--tpo.preference false`` (the ablation) its
     imitation losses only, not a NaN TPO loss; a round without pairs neither."""
-    from vla_rl.commands.align import _print_round
+    from vla_rl.grape.report import print_round
 
     base = {"round": 3, "trajectories": 10, "successes": 4, "pairs": 2, "eval": None}
-    _print_round({**base, "update": {"tpo_loss": 0.5, "accuracy": 0.75, "chosen_bc": 0.25, "pairs": 2.0}})
-    _print_round({**base, "update": {"chosen_nll": 1.5, "chosen_bc": 0.25, "demo_bc": 0.125, "pairs": 2.0}})
-    _print_round({**base, "pairs": 0, "update": {"pairs": 0.0}})
+    print_round({**base, "update": {"tpo_loss": 0.5, "accuracy": 0.75, "chosen_bc": 0.25, "pairs": 2.0}})
+    print_round({**base, "update": {"chosen_nll": 1.5, "chosen_bc": 0.25, "demo_bc": 0.125, "pairs": 2.0}})
+    print_round({**base, "pairs": 0, "update": {"pairs": 0.0}})
     pref, ablation, empty = capsys.readouterr().out.strip().splitlines()
     assert "tpo loss 0.5000, accuracy 0.75, chosen_bc 0.2500" in pref
     assert "tpo loss" not in ablation and "chosen_nll 1.5000, chosen_bc 0.2500, demo_bc 0.1250" in ablation

@@ -1,6 +1,6 @@
 """RL math as pure functions: advantage estimators and losses (see docs ALGORITHMS.md).
 
-Learners (PPO, GRPO, TPO, SFT) only wire these functions; they hold no math of their own.
+Learners (PPO, GRPO, SFT) only wire these functions; they hold no math of their own.
 """
 
 from vla_rl.algorithms.advantages import (
@@ -14,7 +14,6 @@ from vla_rl.algorithms.losses import (
     entropy_bonus,
     kl_k3,
     ppo_policy_loss,
-    tpo_loss,
     value_loss,
 )
 
@@ -27,6 +26,5 @@ __all__ = [
     "masked_mean",
     "normalize_advantages",
     "ppo_policy_loss",
-    "tpo_loss",
     "value_loss",
 ]

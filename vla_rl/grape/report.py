@@ -1,5 +1,5 @@
-"""What ``vla-rl align`` writes per round and per run: the round's LeRobotDataset and trajectory file,
-evaluation summaries, plots, videos of a chosen and a rejected trajectory, and the report."""
+"""What ``vla-rl align`` reports per round and per run: evaluation summaries, logged scalars, the round's line,
+its LeRobotDataset, plots, videos of a chosen and a rejected trajectory, and the report."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from sim.core import EnvSpec
 from sim.dataset import EpisodeRecorder
 from sim.video import VideoWriter
-from vla_core.manifest import write_file_atomic, write_text_atomic
-from vla_rl.data.preferences import PreferencePair, Trajectory
-from vla_rl.grape import collisions_by_outcome, shared_success_steps
+from vla_core.manifest import write_text_atomic
+from vla_rl.evaluation import wilson_interval
+from vla_rl.grape.trajectory import PreferencePair, Trajectory
 from vla_rl.report import stack_times
 
 ROUND_TIMES = (
@@ -32,6 +31,102 @@ ROUND_TIMES = (
 """Where a round's wall time goes (label, ``time/*`` key of a round row's ``time``): sampling split into the envs
 stepping, the policy acting and the rest (building, scoring and pairing trajectories), writing the round's files,
 the TPO update, the evaluation after it and the checkpoint."""
+
+
+def summarize(trajs: list[Trajectory], costs: list[str]) -> dict[str, Any]:
+    """Success rate with its 95% Wilson interval, each cost's mean per episode, the collision rate (episodes
+    with any collision step), the mean steps of successful episodes, and each episode's seed, success and
+    steps, and whether it collided when ``collision`` is among ``costs`` (``per_episode``: what
+    :func:`shared_success_steps` and :func:`collisions_by_outcome` read)."""
+    n = len(trajs)
+    wins = sum(t.success for t in trajs)
+    lo, hi = wilson_interval(wins, n)
+    out: dict[str, Any] = {"episodes": n, "success": wins / n if n else 0.0, "success_ci": [lo, hi]}
+    out["costs"] = {c: sum(t.costs[c] for t in trajs) / n if n else 0.0 for c in costs}
+    if "collision" in costs:
+        out["collision_rate"] = sum(t.costs["collision"] > 0 for t in trajs) / n if n else 0.0
+    steps = [t.steps for t in trajs if t.success]
+    out["mean_steps_success"] = sum(steps) / len(steps) if steps else None
+    out["mean_steps"] = sum(t.steps for t in trajs) / n if n else 0.0
+    out["per_episode"] = {"seed": [int(t.seed) for t in trajs], "success": [bool(t.success) for t in trajs],
+                          "steps": [int(t.steps) for t in trajs]}
+    if "collision" in costs:
+        out["per_episode"]["collided"] = [bool(t.costs["collision"] > 0) for t in trajs]
+    return out
+
+
+def collisions_by_outcome(ev: dict[str, Any]) -> dict[str, tuple[int, int]] | None:
+    """``{"successes": (colliding, episodes), "failures": (colliding, episodes)}`` of an evaluation (:func:`summarize`),
+    or None without per-episode collision records. A collision rate that stays flat while success rises can be
+    fewer colliding failures and more colliding successes; this tells them apart."""
+    rec = ev.get("per_episode") or {}
+    if "collided" not in rec:
+        return None
+    out = {}
+    for name, outcome in (("successes", True), ("failures", False)):
+        hits = [c for ok, c in zip(rec["success"], rec["collided"]) if ok == outcome]
+        out[name] = (sum(hits), len(hits))
+    return out
+
+
+def shared_success_steps(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, float | None, float | None]:
+    """``(states, mean steps before, mean steps after)`` over the initial states (seeds) that both evaluations
+    (:func:`summarize` outputs) solved.
+
+    The mean steps of successful episodes mixes two effects when success changes: a policy that also solves
+    harder states, which take longer, raises it even if it got faster on every state it solved before. On
+    the states solved both times it measures speed alone. ``(0, None, None)`` when no state was solved
+    twice or an evaluation has no ``per_episode`` record (reports written before it existed).
+    """
+    solved = []
+    for ev in (before, after):
+        rec = ev.get("per_episode")
+        if not rec:
+            return 0, None, None
+        solved.append({seed: steps for seed, ok, steps in zip(rec["seed"], rec["success"], rec["steps"]) if ok})
+    shared = sorted(set(solved[0]) & set(solved[1]))
+    if not shared:
+        return 0, None, None
+    return (len(shared), sum(solved[0][k] for k in shared) / len(shared),
+            sum(solved[1][k] for k in shared) / len(shared))
+
+
+def eval_scalars(ev: dict[str, Any]) -> dict[str, float]:
+    """An evaluation (:func:`summarize`) as logged scalars (``eval/*``)."""
+    out = {"eval/success": ev["success"], "eval/success_ci_low": ev["success_ci"][0],
+           "eval/success_ci_high": ev["success_ci"][1]}
+    out.update({f"eval/cost_{k}": v for k, v in ev["costs"].items()})
+    if "collision_rate" in ev:
+        out["eval/collision_rate"] = ev["collision_rate"]
+    if ev["mean_steps_success"] is not None:
+        out["eval/mean_steps_success"] = ev["mean_steps_success"]
+    return out
+
+
+def sample_scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The round's sampled (exploring) episodes: their success rate and, with a collision cost, collision rate."""
+    n = max(row["trajectories"], 1)
+    out = {"sample/success": row["successes"] / n}
+    if "colliding" in row:
+        out["sample/collision_rate"] = row["colliding"] / n
+    return out
+
+
+def print_round(row: dict[str, Any]) -> None:
+    """One line per round: what it sampled and paired, the losses its update had, its evaluation and times."""
+    colliding = f", {row['colliding']} colliding" if "colliding" in row else ""
+    line = (f"round {row['round']}: {row['trajectories']} trajectories ({row['successes']} successes{colliding}), "
+            f"{row['pairs']} pairs")
+    update = row["update"] or {}
+    if "tpo_loss" in update:  # absent without pairs and with --tpo.preference false
+        line += f", tpo loss {update['tpo_loss']:.4f}, accuracy {update.get('accuracy', 0):.2f}"
+    line += "".join(f", {k} {update[k]:.4f}" for k in ("chosen_nll", "chosen_bc", "demo_bc") if k in update)
+    if row["eval"] is not None:
+        ev = row["eval"]
+        line += f"; eval success {ev['success']:.2f} ({ev['success_ci'][0]:.2f}-{ev['success_ci'][1]:.2f})"
+    t = row.get("time", {})
+    line += "; " + " ".join(f"{name} {t[key]:.0f}s" for name, key in ROUND_TIMES if key in t)
+    print(line, flush=True)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -64,16 +159,6 @@ def write_round_dataset(root: Path, trajs: Sequence[Trajectory], spec: EnvSpec, 
                              "grape.score": np.array([t.score], np.float32)})
         rec.save_episode()
     return rec.finalize()
-
-
-def save_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
-    """Everything needed to re-train from the round (observations, sampler extras, scores), atomically."""
-    write_file_atomic(path, lambda f: torch.save([vars(t) for t in trajs], f))
-
-
-def load_trajectories(path: Path) -> list[Trajectory]:
-    """:func:`save_trajectories`' list back as :class:`Trajectory` objects."""
-    return [Trajectory(**row) for row in torch.load(path, weights_only=False)]
 
 
 def trajectory_video(path: Path, traj: Trajectory, image_keys: list[str], fps: float) -> Path | None:

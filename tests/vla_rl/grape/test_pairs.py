@@ -1,4 +1,4 @@
-"""GRAPE's pairing and scoring on hand-built trajectories, and the pairs table."""
+"""GRAPE's pairing, scoring and evaluation summaries on hand-built trajectories, and the pairs table."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from vla_rl.data.preferences import Trajectory, instruction_pairs, select_pairs, write_pairs_table
-from vla_rl.grape import ScoreConfig, collisions_by_outcome, score_trajectory, shared_success_steps, summarize
+from vla_rl.grape.pairs import instruction_pairs, select_pairs, write_pairs_table
+from vla_rl.grape.report import collisions_by_outcome, shared_success_steps, summarize
+from vla_rl.grape.scoring import ScoreConfig, score_trajectory
+from vla_rl.grape.trajectory import Trajectory
 
 
 def _t(tid: int, state: int, score: float, success: bool, **costs: list[float]) -> Trajectory:
@@ -67,7 +69,7 @@ def test_single_outcome_states_pair_by_score_when_both_outcomes_are_not_required
 
 
 def test_pair_single_outcome_keeps_grapes_sampling_and_pairs_every_state():
-    from vla_rl.grape import GrapeSettings, _done
+    from vla_rl.grape.sampling import GrapeSettings, _done
 
     fails = [_t(i, 0, 4.0 - i, False) for i in range(6)]
     grape = GrapeSettings(min_samples=6, max_samples=11)

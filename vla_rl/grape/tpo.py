@@ -1,17 +1,17 @@
-"""TPO: GRAPE's trajectory-wise preference optimization, as a learner.
+"""TPO: GRAPE's trajectory-wise preference optimization, its loss and its learner.
 
 Each round gives the learner pairs of whole trajectories of one initial state (chosen, rejected; see
-:mod:`vla_rl.data.preferences` and :mod:`vla_rl.grape`). :meth:`TPOLearner.update` first scores every
+:mod:`vla_rl.grape.pairs` and :mod:`vla_rl.grape.sampling`). :meth:`TPOLearner.update` first scores every
 paired trajectory under the policy as it is at the start of the round, the frozen reference
-``pi_ref``, then minimizes :func:`vla_rl.algorithms.losses.tpo_loss` over the pairs for
-``epochs`` passes. ``log pi(tau)`` is the sum over the trajectory's decisions of the policy's
-log-prob of its recorded sample (:func:`vla_rl.data.preferences.trajectory_logp`), the same for every
-policy kind: the compact flow policy and the LeRobot pi0 / pi0.5 / SmolVLA adapters re-score the
-recorded denoising chain (Flow-SDE / Flow-Noise), the autoregressive policy its action tokens.
+``pi_ref``, then minimizes :func:`tpo_loss` over the pairs for ``epochs`` passes. ``log pi(tau)`` is the
+sum over the trajectory's decisions of the policy's log-prob of its recorded sample
+(:func:`vla_rl.grape.trajectory.trajectory_logp`), the same for every policy kind: the compact flow policy
+and the LeRobot pi0 / pi0.5 / SmolVLA adapters re-score the recorded denoising chain (Flow-SDE /
+Flow-Noise), the autoregressive policy its action tokens.
 
-The learner needs :attr:`Needs.PREFERENCES`: ``vla-rl align`` samples, scores and pairs; inside
-``vla-rl train --algo.type tpo`` the learner samples one GRAPE round itself per iteration with
-its own default scoring (:func:`vla_rl.grape.preference_round`).
+The learner needs :attr:`Needs.PREFERENCES`: under ``vla-rl align`` (:mod:`vla_rl.grape.rounds`) it samples,
+scores and pairs one round per iteration with the run's settings (:meth:`TPOLearner.set_round`); under
+``vla-rl train --algo.type tpo`` with the default ones.
 """
 
 from __future__ import annotations
@@ -21,18 +21,89 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from policies.base import Policy
 from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
-from vla_rl.algorithms.losses import tpo_loss
 from vla_rl.config import ConfigError
 from vla_rl.data.chunks import ChunkDataset, cat_obs
-from vla_rl.data.preferences import PreferencePair, Trajectory, trajectory_logp
+from vla_rl.grape.trajectory import PreferencePair, Trajectory, trajectory_logp
+
+
+def tpo_loss(
+    logp_chosen: torch.Tensor,
+    logp_rejected: torch.Tensor,
+    ref_logp_chosen: torch.Tensor,
+    ref_logp_rejected: torch.Tensor,
+    beta: float,
+    chosen_penalty: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRAPE trajectory-wise preference loss (DPO over whole trajectories).
+
+    ::
+
+        rho_w = beta * (log pi(tau_w) - log pi_ref(tau_w))
+        rho_l = beta * (log pi(tau_l) - log pi_ref(tau_l))
+        drop  = max(0, log pi_ref(tau_w) - log pi(tau_w))
+        loss  = mean(-log sigmoid(rho_w - rho_l - beta * chosen_penalty * drop))
+
+    With ``chosen_penalty = 0`` this is GRAPE's loss. DPO's margin also grows when both trajectories
+    become less likely, the rejected one faster; ``chosen_penalty > 0`` (DPO-Positive, Pal et al.,
+    2024, who use 50) charges every nat the chosen trajectory loses against the reference, so the
+    margin has to come from the rejected one or from the chosen one rising.
+
+    Args:
+        logp_chosen: ``float [P]`` trajectory log-prob (sum over steps) of each
+            preferred trajectory under the current policy (differentiable).
+        logp_rejected: ``float [P]`` same for the rejected trajectory of each pair.
+        ref_logp_chosen: ``float [P]`` chosen trajectories under the reference policy.
+        ref_logp_rejected: ``float [P]`` rejected trajectories under the reference policy.
+        beta: inverse temperature ``> 0`` (0.1 in GRAPE).
+        chosen_penalty: ``lambda >= 0`` of the chosen trajectory's likelihood drop (0: GRAPE).
+
+    Returns:
+        ``(loss, stats)``: 0-dim loss and detached 0-dim stats ``tpo_loss``,
+        ``reward_chosen`` (mean ``rho_w``), ``reward_rejected`` (mean ``rho_l``),
+        ``reward_margin`` (mean ``rho_w - rho_l``), ``accuracy`` (fraction of
+        pairs with ``rho_w > rho_l``), ``chosen_drop`` (mean ``drop``, nats).
+
+    Raises:
+        ValueError: if the inputs are not equal-shape 1-D float tensors, ``beta <= 0`` or
+            ``chosen_penalty < 0``.
+    """
+    named = {"logp_rejected": logp_rejected, "ref_logp_chosen": ref_logp_chosen, "ref_logp_rejected": ref_logp_rejected}
+    for name, x in {"logp_chosen": logp_chosen, **named}.items():
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a floating-point tensor, got {got}")
+        if x.shape != logp_chosen.shape:
+            raise ValueError(f"{name} shape {tuple(x.shape)} must equal logp_chosen shape {tuple(logp_chosen.shape)}")
+    if logp_chosen.dim() != 1 or logp_chosen.numel() == 0:
+        raise ValueError(f"logp_chosen must be [P] (one log-prob per pair), got shape {tuple(logp_chosen.shape)}")
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if not chosen_penalty >= 0:
+        raise ValueError(f"chosen_penalty must be >= 0, got {chosen_penalty}")
+    reward_chosen = beta * (logp_chosen - ref_logp_chosen)
+    reward_rejected = beta * (logp_rejected - ref_logp_rejected)
+    margin = reward_chosen - reward_rejected
+    drop = (ref_logp_chosen - logp_chosen).clamp(min=0)
+    loss = -F.logsigmoid(margin - beta * chosen_penalty * drop).mean()
+    with torch.no_grad():
+        stats = {
+            "tpo_loss": loss.detach(),
+            "reward_chosen": reward_chosen.detach().mean(),
+            "reward_rejected": reward_rejected.detach().mean(),
+            "reward_margin": margin.detach().mean(),
+            "accuracy": (margin.detach() > 0).to(margin.dtype).mean(),
+            "chosen_drop": drop.detach().mean(),
+        }
+    return loss, stats
 
 
 @dataclass
 class TPOConfig(LearnerConfig):
-    """GRAPE's trajectory-wise preference optimization (ALGORITHMS.md, GRAPE)."""
+    """GRAPE's trajectory-wise preference optimization (the module doc)."""
 
     preference: bool = True
     """The preference loss (:func:`tpo_loss`). False is an ablation: the rejected trajectories go unused and only

@@ -1,81 +1,20 @@
-"""Preference data for GRAPE: whole trajectories, their pairing and the per-round pairs table.
+"""GRAPE's pairs: which scored trajectories of an initial state are preferred to which, and the round's table.
 
-A :class:`Trajectory` keeps what its log-likelihood needs (the decision observations and the policy's
-sampler extras: the denoising chain of a Flow-SDE / Flow-Noise policy, the action tokens of an
-autoregressive one) and what scoring needs (success, steps, cost totals per task stage).
 :func:`select_pairs` pairs the top-m with the bottom-m trajectories of each initial state;
+:func:`instruction_pairs` contrasts a success with itself under another instruction;
 :func:`write_pairs_table` writes a round's pairs as a parquet table (scores, costs per term, chosen /
-rejected ids), atomically.
+rejected ids), atomically, and :func:`load_pairs` reads a written round's pairs back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from policies.base import Policy
-
-
-@dataclass
-class Trajectory:
-    """One episode of the policy from a seeded initial state.
-
-    Attributes:
-        id: index of the trajectory in its round.
-        state: index of its initial state in the round; ``seed`` the env seed that produced it.
-        obs: decision observations ``[T, ...]`` per key (``task``: ``T`` strings).
-        actions: ``[T, H, A]`` the chunks the policy chose.
-        extras: the policy's sampler extras ``[T, ...]`` (what :meth:`policies.Policy.evaluate` re-scores).
-        logp: ``[T]`` per-decision log-prob at sampling (summed over the policy's log-prob level).
-        success: whether the episode succeeded; ``steps``: env steps it took.
-        costs: cost term -> its total over the episode.
-        stage_costs: cost term -> ``[stages]`` its total over the steps spent in each stage (stage
-            progress 0, 1, ...; one entry when the task has no stages).
-        score: GRAPE's ``R(tau)`` once scored; ``score_parts``: its ``log_r_self``, ``r_ext``, ``success``.
-    """
-
-    id: int
-    state: int
-    seed: int
-    obs: dict[str, Any]
-    actions: Tensor
-    extras: dict[str, Tensor]
-    logp: Tensor
-    success: bool
-    steps: int
-    costs: dict[str, float]
-    stage_costs: dict[str, list[float]]
-    score: float = 0.0
-    score_parts: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def decisions(self) -> int:
-        return int(self.actions.shape[0])
-
-
-@dataclass(frozen=True)
-class PreferencePair:
-    """A chosen (higher-scored) and a rejected trajectory of one initial state."""
-
-    state: int
-    chosen: Trajectory
-    rejected: Trajectory
-
-
-def trajectory_logp(policy: Policy, traj: Trajectory) -> Tensor:
-    """``log pi(tau)``: the sum over the trajectory's decisions of the policy's log-prob of its recorded sample.
-
-    Works for every policy kind: :meth:`policies.Policy.evaluate` re-scores the recorded denoising chain or
-    action tokens; its log-prob (at any level) is summed over everything but the decision. 0-dim, differentiable.
-    """
-    logp, _, _ = policy.evaluate(traj.obs, traj.extras)
-    return logp.reshape(logp.shape[0], -1).sum()
+from vla_core.manifest import write_file_atomic
+from vla_rl.grape.trajectory import PreferencePair, Trajectory, load_trajectories
 
 
 def _ranked_by_state(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
@@ -181,11 +120,24 @@ def write_pairs_table(path: str | Path, pairs: Sequence[PreferencePair], cost_na
     """Write the pairs (:func:`pairs_rows`) as a parquet table at ``path``, atomically (tmp, fsync, rename)."""
     import pandas as pd
 
-    from vla_core.manifest import write_file_atomic
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     columns = None if pairs else ["state", "seed", "chosen_id", "rejected_id", "chosen_score", "rejected_score"]
     table = pd.DataFrame(pairs_rows(pairs, cost_names), columns=columns)
     write_file_atomic(path, lambda f: table.to_parquet(f, index=False))
     return path
+
+
+def load_pairs(round_dir: Path) -> list[PreferencePair]:
+    """The pairs of a written round (``pairs.parquet``, trajectories re-linked by id from ``trajectories.pt``),
+    without instruction pairs: both sides of one are the same trajectory. Empty when the round wrote no pair."""
+    import pandas as pd
+
+    if not (round_dir / "pairs.parquet").exists():
+        return []
+    table = pd.read_parquet(round_dir / "pairs.parquet")
+    if table.empty:
+        return []
+    by_id = {t.id: t for t in load_trajectories(round_dir / "trajectories.pt")}
+    return [PreferencePair(int(r.state), by_id[int(r.chosen_id)], by_id[int(r.rejected_id)])
+            for r in table.itertuples() if int(r.chosen_id) != int(r.rejected_id)]

@@ -1,15 +1,18 @@
-"""The TPO learner on hand-made preference pairs, for every policy kind: the chosen trajectory's likelihood
-rises relative to the rejected one's (against the policy at the start of the round)."""
+"""The TPO loss on hand-computed values, and the TPO learner on hand-made preference pairs, for every policy kind:
+the chosen trajectory's likelihood rises relative to the rejected one's (against the policy at the start of the
+round)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Needs
-from vla_rl.algorithms.tpo import TPOConfig, TPOLearner
-from vla_rl.data.preferences import PreferencePair, Trajectory, trajectory_logp
+from vla_rl.grape.tpo import TPOConfig, TPOLearner, tpo_loss
+from vla_rl.grape.trajectory import PreferencePair, Trajectory, trajectory_logp
 from vla_rl.policy_factory import build_policy_from_fields
 
 torch.set_num_threads(1)
@@ -30,6 +33,57 @@ def _trajectory(policy, tid: int, seed: int, t: int = 2) -> Trajectory:
         out = policy.act(obs, ActMode.EXPLORE)
     return Trajectory(id=tid, state=0, seed=seed, obs=obs, actions=out.actions, extras=out.extras,
                       logp=out.logp.reshape(t, -1).mean(-1), success=tid == 0, steps=t, costs={}, stage_costs={})
+
+
+def _t64(values: list | float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_tpo_loss_hand_computed() -> None:
+    logp_w = _t64([-1.0, -2.0]).requires_grad_(True)
+    logp_l = _t64([-3.0, -1.0])
+    ref_w, ref_l = _t64([-1.5, -2.0]), _t64([-2.5, -1.5])
+    loss, stats = tpo_loss(logp_w, logp_l, ref_w, ref_l, 0.1)
+    # rho_w = .1 * [.5, 0] = [.05, 0]; rho_l = .1 * [-.5, .5] = [-.05, .05]; margins [.1, -.05]
+    # -log sigmoid(m) = log(1 + e^{-m})
+    expected = (math.log1p(math.exp(-0.1)) + math.log1p(math.exp(0.05))) / 2
+    torch.testing.assert_close(loss, _t64(expected))
+    torch.testing.assert_close(stats["reward_margin"], _t64(0.025))
+    torch.testing.assert_close(stats["reward_chosen"], _t64(0.025))
+    torch.testing.assert_close(stats["reward_rejected"], _t64(0.0))
+    torch.testing.assert_close(stats["accuracy"], _t64(0.5))
+    loss.backward()
+    # d/dlogp_w of -log sigmoid(m) = -beta * sigmoid(-m) = -beta / (1 + e^m); / P = 2
+    torch.testing.assert_close(logp_w.grad, _t64([-0.1 / (1 + math.exp(0.1)) / 2, -0.1 / (1 + math.exp(-0.05)) / 2]))
+
+
+def test_tpo_loss_chosen_penalty_hand_computed() -> None:
+    """DPO-Positive: only a chosen trajectory that lost likelihood against the reference is charged, lambda per nat."""
+    logp_w = _t64([-1.0, -2.5]).requires_grad_(True)  # pair 0 gained 0.5 nats, pair 1 lost 0.5
+    logp_l, ref_w, ref_l = _t64([-3.0, -3.0]), _t64([-1.5, -2.0]), _t64([-2.5, -2.5])
+    loss, stats = tpo_loss(logp_w, logp_l, ref_w, ref_l, 0.1, chosen_penalty=4.0)
+    # margins: [.1 * .5 + .1 * .5, .1 * -.5 + .1 * .5] = [.1, 0]; penalty: [0, .1 * 4 * .5] = [0, .2]
+    expected = (math.log1p(math.exp(-0.1)) + math.log1p(math.exp(0.2))) / 2
+    torch.testing.assert_close(loss, _t64(expected))
+    torch.testing.assert_close(stats["chosen_drop"], _t64(0.25))
+    torch.testing.assert_close(stats["reward_margin"], _t64(0.05))  # the margin itself is not changed
+    loss.backward()
+    # pair 1's chosen gets the DPO pull plus lambda times it: -beta (1 + lambda) sigmoid(-(0 - .2)) / 2
+    torch.testing.assert_close(logp_w.grad[1], _t64(-0.1 * 5.0 / (1 + math.exp(-0.2)) / 2))
+    plain, _ = tpo_loss(logp_w.detach(), logp_l, ref_w, ref_l, 0.1)
+    assert float(plain) < float(loss.detach())
+    with pytest.raises(ValueError, match="chosen_penalty must be >= 0"):
+        tpo_loss(logp_w, logp_l, ref_w, ref_l, 0.1, chosen_penalty=-1.0)
+
+
+def test_tpo_loss_rejects_bad_inputs() -> None:
+    x = torch.zeros(3)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        tpo_loss(x, x, x, x, 0.0)
+    with pytest.raises(ValueError, match=r"ref_logp_rejected shape \(2,\)"):
+        tpo_loss(x, x, x, torch.zeros(2), 0.1)
+    with pytest.raises(ValueError, match=r"logp_chosen must be \[P\]"):
+        tpo_loss(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 2), 0.1)
 
 
 def test_tpo_is_registered_and_needs_preferences():
@@ -175,7 +229,7 @@ def test_tpo_on_instruction_pairs_binds_a_trajectory_to_its_own_instruction():
     trajectory is more likely under its own instruction than under the other, against the reference."""
     import dataclasses
 
-    from vla_rl.data.preferences import instruction_pairs
+    from vla_rl.grape.pairs import instruction_pairs
 
     torch.manual_seed(0)
     policy = build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True)
