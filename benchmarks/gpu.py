@@ -1,7 +1,7 @@
 """What our CPU machines cannot show, measured on one CUDA GPU: ManiSkill's GPU backend through our sim layer, a
 policy acting on the GPU envs, and full-size LeRobot pi0 in bf16 through our adapter.
 
-    python benchmarks/gpu.py [--parts envs rollout pi0] [--out benchmarks/results/gpu.json] [--write docs/benchmarks.md]
+    python benchmarks/gpu.py [--parts envs rollout pi0]
 
 Parts (each runs on its own; an error is recorded in the results, and the next part still runs):
 
@@ -26,23 +26,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import harness
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_report import write_json, write_section  # noqa: E402
 
 ENV_ID = "maniskill/PickCube-v1"
 TASK = "PickCube-v1"
-RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
 DEVICE = "cuda"
 FULL_SIZE = True
 
@@ -234,8 +227,7 @@ def _row(lead: list[Any], r: dict[str, Any], cells: Callable[[], list[str]], nco
 
 
 def markdown(res: dict[str, Any]) -> str:
-    out = [f"`python benchmarks/gpu.py` (numbers in `benchmarks/results/gpu.json`). {res['device']}, torch "
-           f"{res['torch']}, {res['date']}. One run; each part on its own (see the script's doc)."]
+    out = [f"{res['device']}, torch {res['torch']}. One run; each part on its own (see the script's doc)."]
     if res.get("envs"):
         out += ["", f"ManiSkill `{TASK}` on PhysX CUDA, random actions, env steps / s (median of 3 blocks of "
                     f"{res['envs'][0]['steps']} steps); raw = ManiSkill's env, ours = `sim.make_env(..., sim_backend='gpu')`.",
@@ -279,26 +271,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunks", type=int, default=10, help="policy chunks per timed rollout block")
     parser.add_argument("--pi0_batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--write", type=Path, default=None, help="replace the '## GPU' section of this file")
-    args = parser.parse_args(argv)
+    args = harness.add_output_args(parser).parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                           "date": time.strftime("%Y-%m-%d"), "args": vars(args)}
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     if "envs" in args.parts:
         res["envs"] = bench_envs(args.envs, args.rgb_envs, args.steps, args.image_size)
-        write_json(args.out, res)
     if "rollout" in args.parts:
         res["rollout"] = bench_rollout(args.rgb_envs, args.chunks, args.image_size)
-        write_json(args.out, res)
     if "pi0" in args.parts:
         res["pi0"] = bench_pi0(args.pi0_batches, args.repeats)
-        write_json(args.out, res)
     table = markdown(res)
     print(table)
-    if args.write:
-        write_section(args.write, "## GPU", table)
+    harness.publish("gpu", args, table, rows=res, command=harness.command_line("gpu", argv))
 
 
 if __name__ == "__main__":

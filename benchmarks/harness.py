@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,9 @@ if str(ROOT) not in sys.path:  # the scripts import the project's packages from 
 from vla_core.manifest import write_text_atomic  # noqa: E402
 from vla_rl.evaluation import wilson_interval  # noqa: E402
 
-__all__ = ["ROOT", "add_output_args", "command_line", "commit", "machine", "markdown_table", "publish",
-           "replace_block", "run_seeds", "split_passthrough", "wilson_interval"]
+__all__ = ["ROOT", "add_output_args", "command_line", "commit", "eval_curve", "machine", "markdown_table",
+           "metric_rows", "publish",
+           "replace_block", "run_seeds", "SeedRun", "split_passthrough", "wilson_interval"]
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 RESULTS_PAGE = ROOT / "docs" / "results.md"
@@ -86,20 +88,42 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv[:cut], argv[cut + 1:]
 
 
-def run_seeds(command: Sequence[str], seeds: Sequence[int], *, env: dict[str, str] | None = None) -> list[float]:
-    """Run ``command`` once per seed, each alone in a subprocess from the repository root, ``{seed}`` in any
-    argument replaced by the seed; returns the wall seconds of each. Raises ``RuntimeError`` naming the seed and
-    the command when one exits non-zero."""
-    walls = []
+@dataclass(frozen=True)
+class SeedRun:
+    """One seed's run of a command."""
+
+    seed: int
+    returncode: int
+    wall_s: float
+
+
+def run_seeds(command: Sequence[str], seeds: Sequence[int], *, env: dict[str, str] | None = None,
+              check: bool = True, cwd: Path = ROOT) -> list[SeedRun]:
+    """Run ``command`` once per seed, one after the other, each alone in a subprocess from ``cwd`` (default: the
+    repository root) with ``OMP_NUM_THREADS=1`` unless set; ``{seed}`` in any argument is replaced by the seed. ``env``: variables
+    added to this process's environment. With ``check``, raises ``RuntimeError`` naming the seed and the command
+    when one exits non-zero; without, its :class:`SeedRun` records the exit status."""
+    runs = []
     for seed in seeds:
         cmd = [part.replace("{seed}", str(seed)) for part in command]
-        print(f"[seed {seed}] {shlex.join(cmd)}", flush=True)
+        print(f"[seed {seed}] $ {shlex.join(cmd)}", flush=True)
         start = time.perf_counter()
-        done = subprocess.run(cmd, cwd=ROOT, env=None if env is None else {**os.environ, **env})
-        walls.append(time.perf_counter() - start)
-        if done.returncode:
+        done = subprocess.run(cmd, cwd=cwd, env={"OMP_NUM_THREADS": "1", **os.environ, **(env or {})})
+        runs.append(SeedRun(seed, done.returncode, time.perf_counter() - start))
+        if check and done.returncode:
             raise RuntimeError(f"seed {seed}: `{shlex.join(cmd)}` exited with {done.returncode}")
-    return walls
+    return runs
+
+
+def metric_rows(run: Path) -> list[dict[str, Any]]:
+    """The rows of a run folder's ``metrics.jsonl`` (one per iteration, plus the evaluation before the first)."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def eval_curve(rows: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+    """The evaluations among a run's metric rows: ``[{env_steps, success, lo, hi}]`` (95% Wilson interval)."""
+    return [{"env_steps": r["step"], "success": r["eval/success"], "lo": r["eval/success_ci_low"],
+             "hi": r["eval/success_ci_high"]} for r in rows if "eval/success" in r]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:

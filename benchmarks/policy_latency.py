@@ -1,4 +1,4 @@
-"""Act latency and train-step time per policy, printed as a markdown table.
+"""Act latency and train-step time per policy, published as a markdown table (``benchmarks/harness.py``).
 
     OMP_NUM_THREADS=1 python benchmarks/policy_latency.py [--batch 16] [--repeats 5] [--only compact-flow,pi0]
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from policies.base import ActMode, Policy  # noqa: E402
+from policies.base import ActMode, Policy
 
 
 @dataclass
@@ -201,8 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=16, help="envs per act() call")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median)")
     parser.add_argument("--only", default="", help="comma-separated row names (prefix match)")
-    parser.add_argument("--write", type=Path, default=None, help="replace the '## Policy latency' section of this file")
-    args = parser.parse_args(argv)
+    args = harness.add_output_args(parser).parse_args(argv)
     torch.set_num_threads(1)
     for provider in PROVIDERS:
         provider()
@@ -211,11 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [measure(c, args.batch, args.repeats) for c in selected]
     table = markdown_table(rows, args.batch)
     print(table)
-    if args.write:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_report import write_section
-
-        write_section(args.write, "## Policy latency", f"`python benchmarks/policy_latency.py`\n\n{table}")
+    harness.publish("policy_latency", args, table, rows=rows, command=harness.command_line("policy_latency", argv))
 
 
 if __name__ == "__main__":

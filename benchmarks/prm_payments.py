@@ -1,4 +1,4 @@
-"""What a run's process reward model paid per episode, successful and failed (issue 19).
+"""What a run's process reward model paid per episode, successful and failed.
 
 Reads the reward traces a run wrote (``<run>/reward_terms/iter_<k>.pt``, ``--reward.save_terms_every``): each
 holds the episodes that ended in that iteration with their return and success. In a run rewarded
@@ -9,11 +9,9 @@ critic absorbs: where failures are paid alike (``p_f``, a small spread) and succ
 once the critic has learned, the sparse reward with a success worth ``a + p_s - p_f``, a constant scale under
 which AdamW takes the same steps.
 
-    python benchmarks/prm_payments.py /work/exp/s61/weak/prm-mixed-progress-v3-nonorm-it400-s{0,2,3,4} \\
-        --every 10 --write docs/benchmarks.md
+    python benchmarks/prm_payments.py RUN_DIR [RUN_DIR ...] --every 10
 
-Writes ``benchmarks/results/prm_payments.json`` and, with ``--write``, the section "What the potential PRM pays
-(issue 19)" of that file.
+Published by ``benchmarks/harness.py``.
 """
 
 from __future__ import annotations
@@ -21,15 +19,10 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_json, write_section  # noqa: E402  (it also puts the repository on the path)
-
-RESULTS = Path(__file__).resolve().parent / "results" / "prm_payments.json"
-TITLE = "## What the potential PRM pays (issue 19)"
+import harness
 
 
 def payments(run: Path, every: int = 1) -> dict[str, Any]:
@@ -72,9 +65,9 @@ def _sd(xs: list[float]) -> float:
     return statistics.pstdev(xs) if len(xs) > 1 else math.nan
 
 
-def render(rows: list[dict[str, Any]], command: str) -> str:
-    """The section's body: a row per run."""
-    lines = [f"`{command}` (module doc). Each run's reward traces (every `--every`-th iteration) hold the episodes "
+def render(rows: list[dict[str, Any]]) -> str:
+    """The table and how to read it: a row per run."""
+    lines = ["Each run's reward traces (every `--every`-th iteration) hold the episodes "
              "that ended in it; an episode's PRM payment at its weight is its return less its success term. Under "
              "GAE the potential form only moves the critic's baseline except at a terminating step "
              "(docs/rewards.md), so this split is what no critic absorbs.", "",
@@ -96,16 +89,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run folders of PRM + success runs")
     p.add_argument("--every", type=int, default=1, help="read every N-th reward trace")
-    p.add_argument("--write", type=Path, default=None, help="docs/benchmarks.md: write the section there")
-    args = p.parse_args()
+    args = harness.add_output_args(p).parse_args()
     rows = [payments(run, args.every) for run in args.runs]
     for r in rows:
         print(f"{Path(r['run']).name}: success {r['success_mean']:.3f} (n={r['success_n']}), "
               f"failure {r['failure_mean']:.3f} (sd {r['failure_sd']:.3f}, n={r['failure_n']})")
-    command = "python benchmarks/prm_payments.py " + " ".join(str(r) for r in args.runs) + f" --every {args.every}"
-    write_json(RESULTS, {"command": command, "rows": rows})
-    if args.write:
-        write_section(args.write, TITLE, render(rows, command))
+    harness.publish("prm_payments", args, render(rows), rows=rows)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,14 @@
 """``vla-rl quickstart`` end to end for several seeds: success before / after RL and wall time.
 
-    OMP_NUM_THREADS=1 python benchmarks/quickstart.py [--seeds 0 1 2] [--write docs/benchmarks.md] [-- QUICKSTART ARGS]
+    OMP_NUM_THREADS=1 python benchmarks/quickstart.py [--seeds 0 1 2] [-- QUICKSTART ARGS]
 
 Each seed runs the real command (``python -m vla_rl.cli quickstart --seed S``, defaults unless extra
 arguments follow ``--``) in a fresh run folder under ``--runs`` and in its own process, one seed after the
 other, so its wall time includes demo collection (a per-seed demo cache inside the run folder, i.e. never
-reused), pre-training, the RL stage and both evaluations. The goals (issues 16 and 22): every seed finishes in
-<= 15 min and gains ``success_after - success_before >= 0.20`` over >= 100 held-out episodes per evaluation,
-and the mean success after RL is >= 0.75. A seed whose run folder already holds a ``report.json`` (``--runs``
-of an earlier call) is read, not run again. Numbers: ``benchmarks/results/quickstart.json``.
-
-``--write FILE`` replaces (or appends) the section ``## Quickstart`` of a markdown file, leaving its
-other sections intact.
+reused), pre-training, the RL stage and both evaluations. The targets: every seed finishes in <= 15 min and
+gains ``success_after - success_before >= 0.20`` over >= 100 held-out episodes per evaluation, and the mean
+success after RL is >= 0.75. A seed whose run folder already holds a ``report.json`` (``--runs`` of an earlier
+call) is read, not run again. Published by ``benchmarks/harness.py``.
 """
 
 from __future__ import annotations
@@ -19,28 +16,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import harness
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_report import split_passthrough, write_json, write_section  # noqa: E402
-
-SECTION = "## Quickstart"
-ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 15 * 60
 MIN_GAIN = 0.20
 MIN_EPISODES = 100
 MIN_MEAN_AFTER = 0.75
-RESULTS = ROOT / "benchmarks" / "results" / "quickstart.json"
 
 
-def run_seed(seed: int, runs: Path, extra: list[str], code: Path = ROOT, run_dir: Path | None = None) -> dict:
+def run_seed(seed: int, runs: Path, extra: list[str], code: Path = harness.ROOT, run_dir: Path | None = None) -> dict:
     """Run the quickstart for ``seed`` in ``run_dir`` (default ``runs/seed<seed>``) with the code of the checkout
     ``code`` (default this one); return its report plus the measured wall time. A folder that holds a report was
     finished by an earlier call: its report is returned with its own wall time, nothing runs."""
@@ -49,16 +38,12 @@ def run_seed(seed: int, runs: Path, extra: list[str], code: Path = ROOT, run_dir
     if report.exists():
         rep = json.loads(report.read_text())
         return {**rep, "wall": rep["wall_seconds"]}
-    cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--seed", str(seed), "--run_dir", str(run_dir),
+    cmd = [sys.executable, "-m", "vla_rl.cli", "quickstart", "--seed", "{seed}", "--run_dir", str(run_dir),
            "--demo_cache", str(run_dir / "demos"), *extra]
-    print("$", " ".join(cmd), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(code)}
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=code, env=env)
-    wall = time.perf_counter() - t
-    if proc.returncode != 0 or not report.exists():
-        return {"seed": seed, "failed": f"exit code {proc.returncode}", "wall": wall}
-    return {**json.loads(report.read_text()), "wall": wall}
+    [ran] = harness.run_seeds(cmd, [seed], env={"PYTHONPATH": str(code)}, check=False, cwd=code)
+    if ran.returncode != 0 or not report.exists():
+        return {"seed": seed, "failed": f"exit code {ran.returncode}", "wall": ran.wall_s}
+    return {**json.loads(report.read_text()), "wall": ran.wall_s}
 
 
 def _ci(lo_hi: list[float]) -> str:
@@ -101,30 +86,24 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    argv, extra = split_passthrough(sys.argv[1:])
+    argv, extra = harness.split_passthrough(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--runs", type=Path, default=None, help="parent folder of the run folders (default: new)")
-    parser.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
-    args = parser.parse_args(argv)
-    runs = args.runs or ROOT / "runs" / f"bench-quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
+    args = harness.add_output_args(parser).parse_args(argv)
+    runs = args.runs or harness.ROOT / "runs" / f"bench-quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
     rows = [run_seed(s, runs, extra) for s in args.seeds]
     ok_rows = [r for r in rows if "failed" not in r]
-    cfg = ok_rows[0]["config"] if ok_rows else {}
-    env_id = cfg.get("env", {}).get("id", "?")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    env_id = ok_rows[0]["config"]["env"]["id"] if ok_rows else "?"
     passed = sum(1 for r in ok_rows if meets_target(r))
     mean_after = sum(r["success_after"] for r in ok_rows) / max(1, len(ok_rows))
     algorithm = ok_rows[0]["algorithm"] if ok_rows else "?"
     body = "\n".join([
-        f"`python benchmarks/quickstart.py --write docs/benchmarks.md{' -- ' + ' '.join(extra) if extra else ''}`: "
-        f"`vla-rl quickstart` (defaults{', plus ' + ' '.join(extra) if extra else ''}) on `{env_id}` for seeds "
-        f"{', '.join(map(str, args.seeds))}, one process per seed, fresh demos each. Success = held-out episodes "
-        f"solved by the deterministic (ODE, zero initial noise) policy before and after the RL stage ({algorithm}), "
-        "same seeds for both; 95% Wilson CI. Wall time covers demos, pre-training, RL and both evaluations, "
-        "each seed alone. "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, no GPU, "
-        f"OMP_NUM_THREADS=1, load average {load:.1f} at the end.",
+        f"`vla-rl quickstart` (defaults{', plus ' + ' '.join(extra) if extra else ''}) on `{env_id}`, one process "
+        "per seed, fresh demos each. Success = held-out episodes solved by the deterministic (ODE, zero initial "
+        f"noise) policy before and after the RL stage ({algorithm}), same seeds for both; 95% Wilson CI. Wall time "
+        f"covers demos, pre-training, RL and both evaluations, each seed alone; torch {torch.__version__}, "
+        f"OMP_NUM_THREADS=1, load average {os.getloadavg()[0]:.1f} at the end.",
         "",
         table(rows),
         "",
@@ -133,20 +112,12 @@ def main() -> None:
         f"{MIN_MEAN_AFTER:.2f}: {'met' if mean_after >= MIN_MEAN_AFTER else 'not met'}).",
     ])
     print("\n" + body)
-    write_json(RESULTS, {
-        "command": f"python benchmarks/quickstart.py {' '.join(sys.argv[1:])}".strip(), "algorithm": algorithm,
-        "env_id": env_id, "cpus": os.cpu_count(), "torch": torch.__version__, "load_average_end": load,
-        "mean_after": mean_after, "seeds": [
-            {k: r.get(k) for k in ("seed", "success_before", "success_before_ci", "success_after",
-                                   "success_after_ci", "episodes_per_eval", "iterations", "env_steps", "stages",
-                                   "failed")} | {"wall_s": r["wall"], "gain": gain_of(r) if "failed" not in r else None,
-                                                 "ok": "failed" not in r and meets_target(r)}
-            for r in rows],
-    })
-    print(f"wrote {RESULTS}")
-    if args.write is not None:
-        write_section(args.write, SECTION, body)
-        print(f"\nwrote {args.write}")
+    seeds = [{k: r.get(k) for k in ("seed", "success_before", "success_before_ci", "success_after", "success_after_ci",
+                                    "episodes_per_eval", "iterations", "env_steps", "stages", "failed")}
+             | {"wall_s": r["wall"], "gain": gain_of(r) if "failed" not in r else None,
+                "ok": "failed" not in r and meets_target(r)} for r in rows]
+    harness.publish("quickstart", args, body, rows=seeds,
+                    summary={"algorithm": algorithm, "env_id": env_id, "mean_after": mean_after, "seeds_met": passed})
 
 
 if __name__ == "__main__":

@@ -1,93 +1,40 @@
-"""How far RL lifts a decent camera + language policy on ``mujoco/pick-any`` (issue 16's ceiling), per seed.
+"""How far RL lifts a decent camera + language policy on ``mujoco/pick-any``, per seed: the ceiling preset
+(``configs/pick_any_ceiling.yaml``: the quickstart pre-trained to a >= 0.4 start, then its RL stage for longer).
 
-Reads finished runs of the ladder's ``flow-camera`` rung (``vla-rl quickstart`` pre-trained to a >= 0.4 start,
-see ``benchmarks/rl_ladder.py``) and continuations of them (``vla-rl train --policy.path <run's final policy>``),
-and records per seed the start, the final success on 400 held-out episodes (95% Wilson interval) under the
-default evaluation (the ODE from zero noise), env steps, episodes and wall seconds. A run evaluated with random
-initial noise (before ``sampler.eval_noise``) is scored again from zero noise on the same held-out episodes
-(``benchmarks/quickstart_rescore.py``).
+The preset runs per seed, one seed after the other, each in its own process and run folder with fresh demos
+(``benchmarks/quickstart.py``'s runner: a seed whose folder already holds a ``report.json`` is read, not run
+again); runs made otherwise (for example from a copied pre-trained policy, ``vla-rl quickstart --resume true``)
+are read with ``--recipe``::
 
-    python benchmarks/rl_ceiling.py --runs runs/ladder/flow-camera-s0/rl runs/ladder/flow-camera-s1/rl \\
-        --continued runs/ceiling/s0-cont [--write docs/benchmarks.md]
+    python benchmarks/rl_ceiling.py --preset pick_any_ceiling --seeds 0 1 2 --out runs/ceiling \\
+        [--recipe "LABEL=DIR,DIR,DIR"] [-- QUICKSTART ARGS]
 
-The ceiling preset (``configs/pick_any_ceiling.yaml``: the quickstart pre-trained to a >= 0.4 start, then its RL
-stage for longer) runs per seed with ``--preset``, one seed after the other, each in its own process and run
-folder with fresh demos (``benchmarks/quickstart.py``'s runner: a seed whose folder already holds a
-``report.json`` is read, not run again); runs made otherwise (for
-example from a copied pre-trained policy, ``vla-rl quickstart --resume true``) are read with ``--recipe``:
-
-    python benchmarks/rl_ceiling.py --runs ... --preset pick_any_ceiling --seeds 0 1 2 --out runs/ceiling \\
-        [--recipe "LABEL=DIR,DIR,DIR"] [--write docs/benchmarks.md] [-- QUICKSTART ARGS]
-
-A recipe row gives every evaluation on the way (success against the RL stage's own wall time, the sum of its
-iterations' ``time/iteration_s``, evaluations included), the final success and when the run first reached 0.90.
+A row gives every evaluation on the way (success on 400 held-out episodes from zero noise, 95% Wilson interval,
+against the RL stage's own wall time: the sum of its iterations' ``time/iteration_s``, evaluations included),
+the final success and when the run first reached 0.90. Published by ``benchmarks/harness.py``, the plot beside
+the page (``img/rl_ceiling.png``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
-import time
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import split_passthrough, write_json, write_section  # noqa: E402
-from quickstart import run_seed  # noqa: E402
-from rl_ladder import curve, episodes, eval_noise, metric_rows  # noqa: E402
+import harness
+from harness import eval_curve as curve
+from harness import metric_rows
+from quickstart import run_seed
+from rl_ladder import episodes
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "rl_ceiling.json"
-PLOT = ROOT / "docs" / "img" / "rl_ceiling.png"
 TARGET_MEDIAN, TARGET_EACH, TARGET_WALL = 0.90, 0.85, 3600
 
 
-def met_line(meta: dict[str, Any]) -> str:
-    """Which measured recipes meet the targets (the ladder's own runs first)."""
-    met = [k for k, v in meta.get("recipes_met", {}).items() if v]
-    ladder = "met by the ladder's runs" if meta["met"] else "not met by the ladder's runs"
-    return f"{ladder}; met by {', '.join(met)}" if met else f"{ladder} nor by any recipe below"
-
-
-def score(run: Path) -> dict[str, Any]:
-    """Start and final success from zero noise of one quickstart-style run (rescored when it used random noise)."""
-    report = json.loads((run / "report.json").read_text())
-    rows = metric_rows(run)
-    points = curve(rows)
-    out = {"seed": report["seed"], "run_dir": str(run), "env_steps": points[-1]["env_steps"],
-           "episodes": episodes(rows), "wall_s": report.get("wall_seconds"), "sft_steps": report.get("sft_steps"),
-           "start_random": None, "final_random": None}
-    if eval_noise(report) == "zero":
-        out.update(start=points[0]["success"], final=points[-1]["success"],
-                   final_ci=[points[-1]["lo"], points[-1]["hi"]])
-        return out
-    from quickstart_rescore import rescore
-
-    zero = rescore(run, "zero")
-    out.update(start=zero["before"], final=zero["after"], final_ci=zero["after_ci"],
-               start_random=points[0]["success"], final_random=points[-1]["success"])
-    return out
-
-
-def extend(base: dict[str, Any], cont: Path) -> dict[str, Any]:
-    """``base`` continued by the run ``cont`` (``vla-rl train`` from its final policy, evaluated from zero noise)."""
-    rows = metric_rows(cont)
-    points = curve(rows)
-    report = json.loads((cont / "report.json").read_text()) if (cont / "report.json").exists() else {}
-    return {**base, "continued": str(cont), "final": points[-1]["success"],
-            "final_ci": [points[-1]["lo"], points[-1]["hi"]],
-            "env_steps": base["env_steps"] + points[-1]["env_steps"],
-            "episodes": base["episodes"] + episodes(rows),
-            "wall_s": (base["wall_s"] or 0) + (report.get("wall_seconds") or 0),
-            "curve_continued": [(p["env_steps"], p["success"]) for p in points]}
-
-
 def targets_met(finals: list[float]) -> bool:
-    """Issue 16's targets on per-seed final successes: the median seed >= 0.90 and every seed >= 0.85."""
+    """The targets on per-seed final successes: the median seed >= 0.90 and every seed >= 0.85."""
     ranked = sorted(finals)
     return bool(ranked) and ranked[len(ranked) // 2] >= TARGET_MEDIAN and ranked[0] >= TARGET_EACH
 
@@ -150,34 +97,15 @@ def recipe_plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| seed | start | final [95% CI] | gain | env steps | episodes | wall s (shared machine) | run |",
-             "|---:|---:|---|---:|---:|---:|---:|---|"]
-    for r in rows:
-        lo, hi = r["final_ci"]
-        kind = "+ continuation" if r.get("continued") else "ladder run"
-        lines.append(f"| {r['seed']} | {r['start']:.3f} | {r['final']:.3f} [{lo:.2f}-{hi:.2f}] | "
-                     f"{r['final'] - r['start']:+.3f} | {r['env_steps']:,} | {r['episodes']} | {r['wall_s'] or 0:.0f} | "
-                     f"{kind} |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=Path, nargs="*", default=None,
-                    help="flow-camera run folders (with report.json); omitted: keep the ladder rows already in "
-                         "benchmarks/results/rl_ceiling.json")
-    ap.add_argument("--continued", type=Path, nargs="*", default=[],
-                    help="continuation run folders, matched to --runs by seed")
     ap.add_argument("--preset", default="", help="run this quickstart preset per --seeds (configs/NAME.yaml)")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "ceiling", help="run folders of --preset")
+    ap.add_argument("--out", type=Path, default=harness.ROOT / "runs" / "ceiling", help="run folders of --preset")
     ap.add_argument("--label", default="", help="the recipe's name in the tables (default: the preset's)")
     ap.add_argument("--recipe", nargs="*", default=[], help="LABEL=DIR,DIR,...: finished runs of a recipe")
-    ap.add_argument("--write", type=Path, default=None)
-    ap.add_argument("--notes", type=Path, default=None, help="markdown appended under the tables (the reading)")
-    own, extra = split_passthrough(sys.argv[1:])
-    args = ap.parse_args(own)
+    own, extra = harness.split_passthrough(sys.argv[1:])
+    args = harness.add_output_args(ap).parse_args(own)
     recipes = []
     for seed in args.seeds if args.preset else []:  # the quickstart benchmark's runner, with the preset
         ran = run_seed(seed, args.out / args.preset, ["--preset", args.preset, *extra])
@@ -187,41 +115,21 @@ def main() -> None:
     for spec in args.recipe:
         label, _, dirs = spec.partition("=")
         recipes += [recipe_run(label, Path(d)) for d in dirs.split(",") if d]
-    earlier = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    # recipe rows of earlier runs stay beside the new ones (a recipe and seed measured again replaces its row), so
-    # one table compares every recipe measured, whichever run folders this machine still has
-    fresh = {(r["recipe"], r["seed"]) for r in recipes}
-    recipes = [r for r in earlier.get("recipes", []) if (r["recipe"], r["seed"]) not in fresh] + recipes
-    rows = [score(r) for r in args.runs] if args.runs is not None else list(earlier.get("results", []))
-    for cont in args.continued if args.runs is not None else []:
-        seed = json.loads((cont / "report.json").read_text())["seed"] if (cont / "report.json").exists() else None
-        i = next(i for i, r in enumerate(rows) if r["seed"] == seed)
-        rows.append(extend(rows[i], cont))
-    last = {r["seed"]: r for r in rows}  # a continuation (appended after its run) stands for its seed
-    finals = sorted(r["final"] for r in last.values())
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "load_avg_end": os.getloadavg()[0],
-            "when": time.strftime("%Y-%m-%d %H:%M"),
-            "targets": {"median_final": TARGET_MEDIAN, "each_final": TARGET_EACH, "wall_s": TARGET_WALL},
-            "met": targets_met(finals)}
+    if not recipes:
+        raise SystemExit("rl_ceiling: nothing to measure: give --preset or --recipe")
     by_recipe: dict[str, list[float]] = {}
     for r in recipes:  # a run past the wall budget counts as missing its target
         by_recipe.setdefault(r["recipe"], []).append(r["final"] if r["rl_wall_s"] <= TARGET_WALL else 0.0)
-    meta["recipes_met"] = {k: len(v) >= 3 and targets_met(v) for k, v in by_recipe.items()}
-    write_json(RESULTS, {"meta": meta, "results": rows, "recipes": recipes})
-    print(table(rows))
-    if recipes:
-        print(recipe_table(recipes))
-        recipe_plot(recipes, PLOT)
-    if args.write:
-        write_section(args.write, "## RL ceiling on mujoco/pick-any (issue 16)",
-                      f"`python benchmarks/rl_ceiling.py` ({meta['when']}; {meta['machine']}, shared with other runs: "
-                      f"wall times are not a quiet machine's). Success = 400 held-out episodes, ODE from zero noise, "
-                      f"95% Wilson interval. Targets: median >= {TARGET_MEDIAN}, every seed >= {TARGET_EACH}, within "
-                      f"{TARGET_WALL // 60} min: {met_line(meta)}.\n\n{table(rows)}\n"
-                      + (f"\nRecipes (targets met within {TARGET_WALL // 60} min of RL: "
-                         + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in meta["recipes_met"].items())
-                         + f"):\n\n{recipe_table(recipes)}\n\n![ceiling](img/rl_ceiling.png)\n" if recipes else "")
-                      + ("\n" + args.notes.read_text() if args.notes is not None else ""))
+    met = {k: len(v) >= 3 and targets_met(v) for k, v in by_recipe.items()}
+    print(recipe_table(recipes))
+    recipe_plot(recipes, Path(args.page).parent / "img" / "rl_ceiling.png")
+    body = (f"Success = 400 held-out episodes, ODE from zero noise, 95% Wilson interval. Targets: median seed >= "
+            f"{TARGET_MEDIAN}, every seed >= {TARGET_EACH}, within {TARGET_WALL // 60} min of RL: "
+            + ", ".join(f"{k}: {'met' if v else 'not met'}" for k, v in met.items())
+            + f".\n\n{recipe_table(recipes)}\n\n![ceiling](img/rl_ceiling.png)")
+    harness.publish("rl_ceiling", args, body, rows=recipes,
+                    summary={"targets": {"median_final": TARGET_MEDIAN, "each_final": TARGET_EACH,
+                                         "wall_s": TARGET_WALL}, "met": met})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The RL diagnostic ladder on ``mujoco/pick-any`` (issue 16): where does the learning signal get lost?
+"""The RL diagnostic ladder on ``mujoco/pick-any``: where does the learning signal get lost?
 
 Each rung trains through our own env layer, rollout engine and PPO learner, one process per run, seeds one after
 another, and records held-out success (400 episodes, 95% Wilson interval) against env steps:
@@ -19,16 +19,14 @@ rung              what it isolates
 ================  ==========================================================================================
 
 "About 0.4": pre-training stops at the first success check (64 episodes on seeds of their own) that reaches 0.4,
-scored with the run's evaluation (since issue 16 the ODE from zero noise, ``policy.sampler.eval_noise``). The
-privileged-state rungs clone from state-observation demos that record ``observation.env_state``; on pick-any
-their cloning stalled at 0.02-0.14 in session 9 (docs/benchmarks.md). The first rung that fails to improve names
-the culprit (see docs/benchmarks.md, "RL diagnostic ladder").
+scored with the run's evaluation (the ODE from zero noise, ``policy.sampler.eval_noise``). The privileged-state
+rungs clone from state-observation demos that record ``observation.env_state``. The first rung that fails to
+improve names the culprit.
 
-    python benchmarks/rl_ladder.py --rungs mlp-scratch mlp-bc --seeds 0 1 2 --write docs/benchmarks.md
+    python benchmarks/rl_ladder.py --rungs mlp-scratch mlp-bc --seeds 0 1 2
 
 Runs live in ``runs/ladder/<rung>-s<seed>`` (a finished run is read, not re-run: delete its folder to redo it);
-results go to ``benchmarks/results/rl_ladder.json`` (merged with the rungs already there) and the plot to
-``docs/img/rl_ladder.png``.
+published by ``benchmarks/harness.py``, the plot beside the page (``img/rl_ladder.png``).
 """
 
 from __future__ import annotations
@@ -36,19 +34,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_json, write_section  # noqa: E402
+import harness
+from harness import eval_curve as curve
+from harness import metric_rows
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "rl_ladder.json"
-PLOT = ROOT / "docs" / "img" / "rl_ladder.png"
+ROOT = harness.ROOT
 ENV = ["--env.id", "mujoco/pick-any", "--env.num_envs", "32", "--env.num_workers", "2"]
 STATE_ENV = [*ENV, "--env.obs_mode", "state"]
 EVAL = ["--eval.episodes", "400", "--eval.video", "false"]
@@ -159,17 +155,6 @@ RUNGS = ["mlp-scratch", "mlp-bc", *[f"flow-state-{k}" for k in SAMPLERS], "flow-
 BUDGET = {"mlp-scratch": 500_000, "mlp-bc": 300_000}  # env steps; the flow rungs: the quickstart's 153,600
 
 
-def metric_rows(run: Path) -> list[dict[str, Any]]:
-    """The rows of a run's ``metrics.jsonl`` (one per iteration, plus the evaluation before the first)."""
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def curve(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Evaluations among a run's metric rows: ``[{env_steps, success, lo, hi}]``."""
-    return [{"env_steps": r["step"], "success": r["eval/success"], "lo": r["eval/success_ci_low"],
-             "hi": r["eval/success_ci_high"]} for r in rows if "eval/success" in r]
-
-
 def episodes(rows: list[dict[str, Any]]) -> int:
     """Training episodes finished over a run's metric rows."""
     return sum(int(r.get("rollout/episodes", 0)) for r in rows)
@@ -187,9 +172,9 @@ def summarize(rung: str, seed: int, run: Path, wall: float | None) -> dict[str, 
 
 
 def eval_noise(report: dict[str, Any]) -> str:
-    """The evaluation's initial noise of a flow run (``random`` for runs from before ``sampler.eval_noise``)."""
+    """The evaluation's initial noise of a flow run; ``-`` for a policy without a sampler."""
     sampler = report.get("config", {}).get("policy", {}).get("sampler")
-    return sampler.get("eval_noise", "random") if isinstance(sampler, dict) else "-"
+    return sampler["eval_noise"] if isinstance(sampler, dict) else "-"
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -234,37 +219,24 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=0, help="env steps per run (0: the rung's default)")
     ap.add_argument("--out", default="runs/ladder")
     ap.add_argument("--workers", type=int, default=2, help="env worker processes per run (0: step in the run's process)")
-    ap.add_argument("--results", default=str(RESULTS), help="results JSON (merged with the rungs already there)")
-    ap.add_argument("--write", default="", help="docs file to write the table into (docs/benchmarks.md)")
-    args = ap.parse_args()
+    args = harness.add_output_args(ap).parse_args()
     out = Path(args.out)
     ENV[ENV.index("--env.num_workers") + 1] = STATE_ENV[STATE_ENV.index("--env.num_workers") + 1] = str(args.workers)
-    results_path = Path(args.results)
-    old = json.loads(results_path.read_text()) if results_path.exists() else {"results": []}
-    done = {(r["rung"], r["seed"]): r for r in old["results"]}
+    results = []
     for rung in args.rungs:
         for seed in args.seeds:
             t0 = time.time()
             fresh = not (out / f"{rung}-s{seed}" / "rl" / "report.json").exists()
             run = (run_rung(rung, seed, out, args.budget or BUDGET.get(rung, 153_600)) if fresh
                    else out / f"{rung}-s{seed}" / "rl")
-            wall = time.time() - t0 if fresh else done.get((rung, seed), {}).get("wall_s")
-            done[(rung, seed)] = summarize(rung, seed, run, wall)
-            r = done[(rung, seed)]
+            results.append(summarize(rung, seed, run, time.time() - t0 if fresh else None))
+            r = results[-1]
             print(f"{rung} seed {seed}: {r['start']:.3f} -> {r['final']:.3f} in {r['env_steps']:,} env steps", flush=True)
-    results = sorted(done.values(), key=lambda r: (RUNGS.index(r["rung"]), r["seed"]))
-    results_path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
-            "load_avg_end": os.getloadavg()[0], "when": time.strftime("%Y-%m-%d %H:%M")}
-    write_json(results_path, {"meta": meta, "results": results})
-    plot(results, results_path.with_suffix(".png") if results_path != RESULTS else PLOT)
+    plot(results, Path(args.page).parent / "img" / "rl_ladder.png")
     print(table(results))
-    if args.write:
-        body = (f"`python benchmarks/rl_ladder.py` ({meta['when']}, {meta['machine']}, load average "
-                f"{meta['load_avg_end']:.1f} at the end). Success = 400 held-out episodes, deterministic actions, "
-                f"95% Wilson interval; plot: `docs/img/rl_ladder.png`.\n\n{table(results)}\n\n"
-                "![success against env steps per rung](img/rl_ladder.png)\n")
-        write_section(Path(args.write), "## RL diagnostic ladder (issue 16)", body)
+    body = ("Success = 400 held-out episodes, deterministic actions, 95% Wilson interval.\n\n"
+            f"{table(results)}\n\n![success against env steps per rung](img/rl_ladder.png)")
+    harness.publish("rl_ladder", args, body, rows=results)
 
 
 if __name__ == "__main__":

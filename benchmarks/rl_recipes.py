@@ -9,31 +9,23 @@ from the same weights and play the same held-out episodes::
     vla-rl quickstart --seed 1 --run_dir runs/fbc-s1 --resume true --algo.type filtered_bc \\
         --policy.sampler.explore_noise zero
 
-A run stopped early (no ``eval_after.json``) is listed with its rollouts' success at the start and at the end.
-Runs evaluated from random noise before ``sampler.eval_noise`` existed take their zero-noise scores from
-``--rescored`` (``benchmarks/quickstart_rescore.py --eval-noise zero --results FILE``), matched by run folder.
+A run stopped early (no ``eval_after.json``) is listed with its last evaluation, or its rollouts' success at the
+start and at the end. Published by ``benchmarks/harness.py``::
 
-    python benchmarks/rl_recipes.py --run "ppo (default)=runs/quickstart-s1" --run "filtered_bc=runs/fbc-s1" \\
-        [--rescored FILE] [--results benchmarks/results/rl_recipes.json] [--write docs/benchmarks.md]
+    python benchmarks/rl_recipes.py --run "ppo (default)=runs/quickstart-s1" --run "filtered_bc=runs/fbc-s1"
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import write_json, write_section  # noqa: E402
-from rl_ladder import curve, metric_rows  # noqa: E402
+import harness
+from harness import eval_curve as curve
+from harness import metric_rows
 
-SECTION = "## Training the deployed policy (issue 16)"
-RESULTS = Path(__file__).resolve().parent / "results" / "rl_recipes.json"
 DIAGNOSTICS = ("update/approx_kl", "update/clip_fraction", "update/explained_variance")
 
 
@@ -41,7 +33,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def score(label: str, run: Path, rescored: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def score(label: str, run: Path) -> dict[str, Any]:
     """One run's row: seed, start / final success (zero-noise ODE, 400 held-out episodes) or, for a run stopped
     early, its rollouts' success at the start and the end; env steps, iterations, wall seconds, PPO diagnostics."""
     rows = metric_rows(run)
@@ -60,11 +52,7 @@ def score(label: str, run: Path, rescored: dict[str, dict[str, Any]]) -> dict[st
         "rollout_success_last20": _mean([r["rollout/success"] for r in train[-20:]]),
         **{k.split("/")[1]: _mean([r[k] for r in train if k in r]) for k in DIAGNOSTICS},
     }
-    if str(run) in rescored:
-        r = rescored[str(run)]
-        out.update(start=r["before"], final=r["after"], final_ci=r["after_ci"], episodes=r["episodes"],
-                   scored="rescored from zero noise")
-    elif (run / "eval_after.json").exists():
+    if (run / "eval_after.json").exists():
         before = json.loads((run / "eval_before.json").read_text())
         after = json.loads((run / "eval_after.json").read_text())
         out.update(start=before["success_rate"], final=after["success_rate"],
@@ -103,40 +91,19 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", action="append", required=True, help="LABEL=RUN_DIR (repeat)")
-    ap.add_argument("--rescored", type=Path, default=None, help="quickstart_rescore.py --results file (zero noise)")
-    ap.add_argument("--results", type=Path, default=RESULTS)
-    ap.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
-    ap.add_argument("--notes", type=Path, default=None, help="markdown appended under the table (the reading)")
-    args = ap.parse_args()
-    rescored: dict[str, dict[str, Any]] = {}
-    if args.rescored is not None:
-        rescored = {r["run_dir"]: r for r in json.loads(args.rescored.read_text())["rows"]
-                    if r.get("eval_noise", "zero") == "zero"}
+    args = harness.add_output_args(ap).parse_args()
     rows = []
     for item in args.run:
         label, sep, path = item.partition("=")
         if not sep:
             raise SystemExit(f"--run expects LABEL=RUN_DIR, got {item!r}")
-        rows.append(score(label, Path(path), rescored))
-    # rows of earlier runs stay (a label and seed measured again replaces its row): the run folders behind them
-    # need not be on this machine any more, and one table compares every recipe measured
-    fresh = {(r["label"], r["seed"]) for r in rows}
-    earlier = json.loads(args.results.read_text())["rows"] if args.results.exists() else []
-    rows = [r for r in earlier if (r["label"], r["seed"]) not in fresh] + rows
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared), no GPU",
-            "written": time.strftime("%Y-%m-%d %H:%M")}
-    write_json(args.results, {"meta": meta, "rows": rows}, indent=2)
+        rows.append(score(label, Path(path)))
     body = table(rows)
     print(body)
-    if args.write is not None:
-        intro = ("`python benchmarks/rl_recipes.py --run LABEL=RUN_DIR ... --write docs/benchmarks.md` (numbers in "
-                 f"`benchmarks/results/{args.results.name}`). Same pre-trained policy per seed (the session-7 quickstart "
-                 "runs' `sft_policy/`), 200 iterations of 32 envs x 6 decisions, 400 held-out episodes scored from zero "
-                 f"noise. {meta['machine']}; 2-3 runs shared the CPUs, so wall times are contended. A run stopped "
-                 "early after evaluating on the way shows its last evaluation and when it was.\n\n")
-        notes = args.notes.read_text() if args.notes is not None else ""
-        write_section(args.write, SECTION, intro + body + "\n" + ("\n" + notes if notes else ""))
-        print(f"wrote {args.write}")
+    intro = ("Same pre-trained policy per seed (a quickstart run's `sft_policy/`), 200 iterations of 32 envs x 6 "
+             "decisions, 400 held-out episodes scored from zero noise. A run stopped early after evaluating on the "
+             "way shows its last evaluation and when it was.\n\n")
+    harness.publish("rl_recipes", args, intro + body, rows=rows)
 
 
 if __name__ == "__main__":
