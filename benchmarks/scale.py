@@ -1,6 +1,6 @@
 """One process against two: env steps/s by executor and PPO update time under DDP, on this machine.
 
-    python benchmarks/scale.py            # writes benchmarks/results/scale.json
+    python benchmarks/scale.py            # published by benchmarks/harness.py
 
 Env stepping: ``mujoco/pick-red`` (state observations), 8 envs, chunks of 4 random actions, with the envs in this
 process, on 1 and 2 worker processes, and on 2 Ray actors (when Ray is installed). Update: one PPO update (2 epochs,
@@ -15,17 +15,15 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import harness
 import torch
-from bench_report import write_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = harness.ROOT
 ENV = "mujoco/pick-red"
 
 
@@ -88,7 +86,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunks", type=int, default=40)
     parser.add_argument("--worker", action="store_true", help="internal: one DDP rank of the update timing")
-    args = parser.parse_args()
+    args = harness.add_output_args(parser).parse_args()
     torch.set_num_threads(1)
     if args.worker:
         times = ppo_update_s(args.repeats)
@@ -124,13 +122,17 @@ def main() -> None:
         "env": ENV, "num_envs": 8, "chunk": 4, "obs_mode": "state",
         "env_steps_per_s": steps,
         "ppo_update_s": {"1_process_8_envs": one, "2_ddp_ranks_4_envs_each": two},
-        "conditions": {"cpus": os.cpu_count(), "load_average_1min_at_end": os.getloadavg()[0], "machine": platform.machine(), "torch": torch.__version__,
-                       "threads_per_process": 1, "repeats": args.repeats,
-                       "note": "shared 2-core VM with other jobs running: noisy, read as lower bounds"},
+        "conditions": {"load_average_1min_at_end": os.getloadavg()[0], "torch": torch.__version__,
+                       "threads_per_process": 1, "repeats": args.repeats},
     }
-    out = ROOT / "benchmarks" / "results" / "scale.json"
-    write_json(out, result, indent=2)
-    print(f"wrote {out}")
+    table = harness.markdown_table(
+        ["measured", "1 process", "2 processes"],
+        [["env steps/s (8 envs)", f"{steps['in_process']:.0f} (in process)",
+          f"{steps['process_2_workers']:.0f} (2 workers)"
+          + (f", {steps['ray_2_actors']:.0f} (2 Ray actors)" if "ray_2_actors" in steps else "")],
+         ["PPO update s", f"{one:.3f} (8 envs)", f"{two:.3f} (2 DDP ranks, 4 envs each)"]])
+    harness.publish("scale", args, f"`{ENV}`, state observations, chunks of 4; medians of {args.repeats} runs, one "
+                    f"torch thread per process; a shared machine: read as lower bounds.\n\n{table}", rows=result)
 
 
 if __name__ == "__main__":

@@ -20,36 +20,26 @@ CPU ms per env-step (this process and the workers) is reported as the less load-
 
 Run::
 
-    python benchmarks/suites.py                       # writes benchmarks/results/suites.json
-    python benchmarks/suites.py --write docs/benchmarks.md
+    python benchmarks/suites.py                       # published by benchmarks/harness.py
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import torch
+from sim_throughput import _proc_cpu, _set_threads
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim.tasks import Assignment
 
-from bench_report import write_section  # noqa: E402
-from sim.tasks import Assignment  # noqa: E402
-from sim_throughput import _proc_cpu, _set_threads  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "suites.json"
-SECTION = "## LIBERO suite env vs single-task env"
 SIDES = ("single", "suite", "suite-switch")
 
 
@@ -138,7 +128,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def markdown(res: dict[str, Any], args: argparse.Namespace, command: str, wall_s: float, load: str) -> str:
+def markdown(res: dict[str, Any], args: argparse.Namespace, wall_s: float, load: str) -> str:
     s = res["sides"]
     lines = [
         "How much the LIBERO suite layer (`libero/<suite>`: per-slot task schedule, per-task scene cache, padded "
@@ -155,8 +145,8 @@ def markdown(res: dict[str, Any], args: argparse.Namespace, command: str, wall_s
         "user + system time of this process and its workers per env-step (less sensitive to load); RSS = the "
         "workers' resident memory at the end.",
         "",
-        f"Run: `{command}` ({wall_s / 60:.1f} min, load average {load} at the end; {platform.machine()}, "
-        f"{os.cpu_count()} CPUs shared with other engineers' jobs, OMP_NUM_THREADS=1). Absolute numbers are noisy.",
+        f"{wall_s / 60:.1f} min, load average {load} at the end, CPUs shared with other jobs, OMP_NUM_THREADS=1: "
+        "absolute numbers are noisy.",
         "",
         "| side | steps/s (median) | ratio vs single | CPU ms/step | resets | workers' RSS GB |",
         "|---|---:|---|---:|---:|---:|",
@@ -181,28 +171,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=6, help="rounds (a multiple of 3 rotates the order evenly)")
     p.add_argument("--switch-tasks", type=int, default=3, help="suite-switch: tasks drawn from (all cached)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", type=Path, help="replace the section in this markdown file")
-    args = p.parse_args()
+    args = harness.add_output_args(p).parse_args()
     _set_threads()
     t0 = time.perf_counter()
     res = measure(args)
     wall = time.perf_counter() - t0
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    command = "python benchmarks/suites.py" + "".join(f" {a}" for a in sys.argv[1:])
-    res.update(args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, command=command,
-               wall_s=wall, load_average=load, machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, RESULTS)
-    text = markdown(res, args, command, wall, load)
+    res.update(wall_s=wall, load_average=load)
+    text = markdown(res, args, wall, load)
     print(text)
-    if args.write:
-        write_section(args.write, SECTION, text)
-        print(f"wrote {args.write}")
+    harness.publish("suites", args, text, summary=res)
 
 
 if __name__ == "__main__":

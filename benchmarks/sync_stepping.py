@@ -1,6 +1,6 @@
 """Free-running workers vs synchronous batch stepping: what any ``step()`` over worker processes pays.
 
-    OMP_NUM_THREADS=1 python benchmarks/sync_stepping.py [--workers 1 2] [--steps 6000] [--write docs/benchmarks.md]
+    OMP_NUM_THREADS=1 python benchmarks/sync_stepping.py [--workers 1 2] [--steps 6000]
 
 ``benchmarks/sim_throughput.py`` compares our layer with W raw simulators that run free: each in its
 own process, never waiting for the others or for a parent. A batched ``env.step(actions [B, A])``
@@ -13,27 +13,20 @@ one env per worker (``mujoco/pick-red``, 64x64 camera):
   same ``TabletopEnv`` behind a minimal ``gymnasium.Env`` adapter;
 - ``ours``: ``sim.make_env("mujoco/pick-red", num_envs=W, num_workers=W)`` (default ``spin_wait``).
 
-Timed blocks rotate the three sides' order every round, so all see the same load. ``--write FILE``
-replaces the section ``## Synchronous stepping`` of a markdown file.
+Timed blocks rotate the three sides' order every round, so all see the same load. Published by
+``benchmarks/harness.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
-import sys
 import time
-from pathlib import Path
 
+import harness
 import numpy as np
+from sim_throughput import ACTION_SEED_OFFSET, CASES, OursSide, RawMujoco, RawSide, _set_threads
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_report import write_section  # noqa: E402
-from sim_throughput import ACTION_SEED_OFFSET, CASES, OursSide, RawMujoco, RawSide, _set_threads  # noqa: E402
-
-SECTION = "## Synchronous stepping"
 CASE = CASES["mujoco-64"]
 
 
@@ -115,7 +108,7 @@ def measure(workers: int, steps: int, rounds: int, seed: int) -> dict[str, float
             side.close()
 
 
-def markdown(results: dict[int, dict[str, float]], command: str, wall_s: float) -> str:
+def markdown(results: dict[int, dict[str, float]], wall_s: float) -> str:
     rows = [
         f"| {w} | {r['free']:.1f} | {r['gymnasium']:.1f} | {r['gymnasium'] / r['free']:.2f} | {r['ours']:.1f} | "
         f"{r['ours'] / r['free']:.2f} | {r['ours'] / r['gymnasium']:.2f} |"
@@ -123,13 +116,13 @@ def markdown(results: dict[int, dict[str, float]], command: str, wall_s: float) 
     ]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return "\n".join([
-        f"`{command}` ({wall_s / 60:.1f} min, load average {load:.1f} at the end): `mujoco/pick-red` (64x64 camera), "
+        f"{wall_s / 60:.1f} min, load average {load:.1f} at the end: `mujoco/pick-red` (64x64 camera), "
         "W workers x 1 env, one action at a time, random actions, env-steps/s aggregated over the workers, timed "
         "blocks rotating the three sides' order. `free` = W independent processes stepping the raw task (the raw "
         "side of the table above); `gymnasium` = `gymnasium.vector.AsyncVectorEnv` (shared memory, same-step "
         "auto-reset) over the same raw task; `ours` = `sim.make_env(num_workers=W)`. A synchronous batch step "
         "waits for the slowest worker and for the caller; free-running workers never wait. "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}.",
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}.",
         "",
         "| workers | free steps/s | gymnasium steps/s | gymnasium / free | ours steps/s | ours / free | "
         "ours / gymnasium |",
@@ -144,20 +137,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6000, help="env-steps per side per worker count")
     p.add_argument("--rounds", type=int, default=9, help="timed blocks per side (a multiple of 3 rotates evenly)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", type=Path, help="replace the section in this markdown file")
-    args = p.parse_args()
+    args = harness.add_output_args(p).parse_args()
     _set_threads()
     t0 = time.perf_counter()
     results = {}
     for w in args.workers:
         results[w] = measure(w, args.steps, args.rounds, args.seed)
         print(w, {k: round(v, 1) for k, v in results[w].items()}, flush=True)
-    command = "python benchmarks/sync_stepping.py" + "".join(f" {a}" for a in sys.argv[1:])
-    text = markdown(results, command, time.perf_counter() - t0)
+    text = markdown(results, time.perf_counter() - t0)
     print(text)
-    if args.write:
-        write_section(args.write, SECTION, text)
-        print(f"wrote {args.write}")
+    harness.publish("sync_stepping", args, text, rows=[{"workers": w, **r} for w, r in results.items()])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """PPO update cost per sampler vs supervised flow matching, and pipelined vs sequential rollouts.
 
-    OMP_NUM_THREADS=1 python benchmarks/train_step.py [--batch 32] [--repeats 9] [--write docs/benchmarks.md]
+    OMP_NUM_THREADS=1 python benchmarks/train_step.py [--batch 32] [--repeats 9]
 
 1. **Update step** (compact-flow policy, one batch of B observations): per-sample time of one PPO step
    (``evaluate`` of the recorded sample + clipped surrogate + clipped value loss, backward, AdamW step)
@@ -15,36 +15,27 @@
    (:data:`ROLLOUT_CASES`): with 2 cores, overlap can hide the env stepping behind a policy that outweighs
    it, but not the reverse (both workers already fill both cores while the envs step).
 
-``--write FILE`` replaces (or appends) the section ``## Training step and rollout`` of a markdown file,
-leaving its other sections intact (the file is created with a ``# Benchmarks`` title if missing).
+Published by ``benchmarks/harness.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policies.base import ActMode, Policy
+from policies.compact import CompactFlowConfig, CompactFlowPolicy
+from policies.flow.sampler import SamplerConfig
+from sim.core import OBS_STATE, TASK, image_key
+from vla_rl.algorithms.losses import ppo_policy_loss, value_loss
 
-from bench_report import write_section  # noqa: E402
-
-from policies.base import ActMode, Policy  # noqa: E402
-from policies.compact import CompactFlowConfig, CompactFlowPolicy  # noqa: E402
-from policies.flow.sampler import SamplerConfig  # noqa: E402
-from sim.core import OBS_STATE, TASK, image_key  # noqa: E402
-from vla_rl.algorithms.losses import ppo_policy_loss, value_loss  # noqa: E402
-
-SECTION = "## Training step and rollout"
 SAMPLERS = {
     "Flow-SDE one-step": dict(kind="flow_sde", sde_mode="one_step"),
     "Flow-SDE full chain": dict(kind="flow_sde", sde_mode="full_chain"),
@@ -281,15 +272,13 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--decisions", type=int, default=6, help="decisions per collect")
     parser.add_argument("--rollout-repeats", type=int, default=5)
     parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
-    args = parser.parse_args(argv)
+    args = harness.add_output_args(parser).parse_args(argv)
     torch.set_num_threads(1)
     update = bench_update(args.batch, args.repeats, args.steps)
     rollout = {case: bench_rollout(args.envs, args.decisions, args.rollout_repeats, args.image_size, **sizes)
                for case, sizes in ROLLOUT_CASES.items()}
     body = "\n".join([
-        f"Measured with `python benchmarks/train_step.py` ({platform.machine()}, {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}, 1 torch thread, no GPU; a shared machine: read ratios, not absolutes).",
+        f"Torch {torch.__version__}, 1 torch thread; a shared machine: read ratios, not absolutes.",
         "",
         "### PPO update step vs supervised flow matching",
         "",
@@ -299,10 +288,9 @@ def main(argv: list[str] | None = None) -> str:
         "",
         rollout_markdown(rollout),
     ])
-    print(f"{SECTION}\n\n{body}")
-    if args.write is not None:
-        write_section(args.write, SECTION, body)
-        print(f"\nwrote {args.write}")
+    print(body)
+    harness.publish("train_step", args, body, rows={"update": update, "rollout": rollout},
+                    command=harness.command_line("train_step", argv))
     return body
 
 
