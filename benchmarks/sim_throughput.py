@@ -56,13 +56,10 @@ process on each side, which is far less sensitive to other jobs' load.
 Run (``source scripts/env.sh`` first)::
 
     python benchmarks/sim_throughput.py --quick     # small budgets; env start-up dominates (see below)
-    python benchmarks/sim_throughput.py --write docs/benchmarks.md     # full, ~15 min
+    python benchmarks/sim_throughput.py             # full, ~15 min
     python benchmarks/sim_throughput.py --cases mujoco-64 --workers 0 1 2 --steps 3000 --chunk 8
-    python benchmarks/sim_throughput.py --quick --envs-per-worker 8 --cases mujoco-64 --write docs/benchmarks.md \
-        --append
 
-``--write`` replaces the section with this run; ``--write ... --append`` adds this run's rows (and
-its command) to the section's table, keeping the runs already there.
+Published by ``benchmarks/harness.py``.
 """
 
 from __future__ import annotations
@@ -70,26 +67,19 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
-import re
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_report import write_section  # noqa: E402
-
-SECTION = "## Simulator throughput"
+REPO = harness.ROOT
 ACTION_SEED_OFFSET = 1000
 
 
@@ -574,12 +564,8 @@ def measure(case: Case, workers: int, envs_per_worker: int, steps: int, rounds: 
 
 # ------------------------------------------------------------------ report
 
-RUN_LINE = re.compile(r"^- run \d+: ")  # one line per run (command, wall time, load) in the section
-ROW_LINE = re.compile(r"^\| \d+ \| ")  # a table row; its first column is the run that measured it
-
-
-def table_rows(results: list[Result], run: int) -> list[str]:
-    """The markdown table rows of one run's results."""
+def table_rows(results: list[Result]) -> list[str]:
+    """The markdown table rows of the results."""
     rows = []
     for r in results:
         case = CASES[r.case]
@@ -587,7 +573,7 @@ def table_rows(results: list[Result], run: int) -> list[str]:
         if case.note:
             label += f" ({case.note})"
         rows.append(
-            f"| {run} | {label} | {r.workers} | {r.envs_per_worker} | {r.mode} | {r.steps} | {r.raw_sps:.1f} | "
+            f"| {label} | {r.workers} | {r.envs_per_worker} | {r.mode} | {r.steps} | {r.raw_sps:.1f} | "
             f"{r.ours_sps:.1f} | {r.ratio:.2f} | "
             f"{r.median_block_ratio:.2f} [{min(r.block_ratios):.2f}-{max(r.block_ratios):.2f}] | "
             f"{1e3 * r.raw_cpu / r.steps:.2f} / {1e3 * r.ours_cpu / r.steps:.2f} | {r.raw_resets}/{r.ours_resets} |"
@@ -595,30 +581,9 @@ def table_rows(results: list[Result], run: int) -> list[str]:
     return rows
 
 
-def run_line(run: int, command: str, wall_s: float) -> str:
-    return f"- run {run}: `{command}` ({wall_s / 60:.1f} min, load average {os.getloadavg()[0]:.1f} at the end)"
-
-
-def previous_runs(path: Path) -> tuple[list[str], list[str]]:
-    """The run lines and table rows of the section already in ``path`` (``--append``)."""
-    lines = path.read_text().splitlines() if path.exists() else []
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    if start is None:
-        return [], []
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    body = lines[start + 1 : end]
-    runs = [line for line in body if RUN_LINE.match(line)]
-    if not runs:
-        raise SystemExit(f"--append: the {SECTION!r} section of {path} names no runs (older format); "
-                         "write it once without --append")
-    return runs, [line for line in body if ROW_LINE.match(line)]
-
-
-def markdown(runs: list[str], rows: list[str]) -> str:
-    """The ``## Simulator throughput`` section: what is measured, the runs, the table (rows of all runs)."""
+def markdown(rows: list[str], wall_s: float) -> str:
+    """What is measured and the table."""
     lines = [
-        SECTION,
-        "",
         "Env-steps per second, aggregate over workers, of the raw simulator vs our layer (`sim.make_env`) on the "
         "same task, random actions in the action box, fixed seeds (one env: the same actions on both sides; more: "
         "different streams, so the reset counts can differ), warm-up excluded, both sides paying their auto-resets. "
@@ -631,52 +596,29 @@ def markdown(runs: list[str], rows: list[str]) -> str:
         "reads only the last observation (MuJoCo: both sides render once per chunk, plus where an episode ends; "
         "ManiSkill and LIBERO: both still build the full observation every step); an env whose episode ends "
         "inside a chunk is reset and held still (zero actions) for the rest of it on both sides, and every "
-        "executed step counts. Both modes run on the same two sides; timed blocks alternate raw/ours (ABBA) so "
-        "both see the same load; `ratio` = ours/raw steps/s over all blocks, `blocks` = median [min-max] of the "
-        "per-block ratios. `CPU ms/step` = CPU time (user + system) of every process on that side (ours: this "
-        "process and its env workers) per env-step: the load-independent cost. "
-        f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, no GPU, "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}: absolute numbers are noisy, ratios less so.",
+        "executed step counts. Timed blocks alternate raw/ours (ABBA) so both see the same load; `ratio` = "
+        "ours/raw steps/s over all blocks, `blocks` = median [min-max] of the per-block ratios. `CPU ms/step` = "
+        "CPU time (user + system) of every process on that side (ours: this process and its env workers) per "
+        f"env-step: the load-independent cost. {wall_s / 60:.1f} min, load average {os.getloadavg()[0]:.1f} at the "
+        f"end, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}: absolute numbers are noisy, ratios "
+        "less so.",
         "",
-        "Runs (the `run` column says which run measured a row):",
-        "",
-        *runs,
-        "",
-        "| run | case | workers | envs/worker | mode | steps/side | raw steps/s | ours steps/s | ratio ours/raw | "
+        "| case | workers | envs/worker | mode | steps/side | raw steps/s | ours steps/s | ratio ours/raw | "
         "blocks | CPU ms/step raw / ours | resets raw/ours |",
-        "|---:|---|---:|---:|---|---:|---:|---:|---:|---|---|---|",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|---|---|",
         *rows,
         "",
-        "The raw ManiSkill `state` env is made with ManiSkill's `obs_mode=\"state\"`, so it builds ManiSkill's flat "
-        "state observation every step, like-for-like with ours (ManiSkill `obs_mode=\"none\"` plus our proprioception "
-        "and privileged state, `is_grasped` reused from ManiSkill's step info). Skipping renders inside a chunk speeds "
-        "both MuJoCo sides (the raw loop skips them too), so the ratio still isolates our layer's cost. With workers "
-        "ours pays one synchronous pipe round trip per message: per batch step in `step` mode (one byte each way; "
-        "actions, observations, rewards and flags travel through shared memory, instructions only when an env "
-        "resets), per chunk in `chunk` mode (five bytes out, one back; the chunk's actions and its per-step rewards, "
-        "flags and reward terms travel through per-worker shared buffers). The cost is per message, not per env: "
-        "this process spends ~0.1-0.45 ms per batch step and ~0.25-0.5 ms per chunk (building the batch tensors and "
-        "episode statistics, copying the observation out of shared memory; measured on mujoco-64 with 1-2 workers "
-        "and 1-8 envs each), every message wakes a worker and then this process, and `env.step` / `env.step_chunk` "
-        "are synchronous, so with 2 workers each step or chunk also waits for the slower worker (raw workers never "
-        "wait for each other). With N = 1 this is a visible fraction of a ~1-1.5 ms MuJoCo step (~4-5 ms per chunk "
-        "of 4); with N = 8 (the quickstart's 16 envs on 2 workers) a worker's 8 envs share it. It is lost in the "
-        "~35 ms ManiSkill rgb and ~100 ms LIBERO steps. Waiting for a message: when the workers and this process fit "
-        "the usable CPUs (`spin_wait=auto`, the default: 1 worker on 2 cores), both sides busy-poll their pipes, "
-        "yielding the core at every turn, instead of sleeping on them, which saves a scheduler wake-up per message "
-        "(tens of microseconds in this VM); on 1 worker x 1 env mujoco-64, `step` mode went from 0.78-0.82x to "
-        "0.96x with it (session 6, same script). With 2 workers on 2 cores no core is spare and everyone sleeps: "
-        "forcing the spin there gave 0.69x instead of 0.75x in `step` mode. Inside this process (no workers), our "
-        "layer costs ~80 us per env-step in `step` mode and ~32 us in `chunk 4` mode (1 env, mujoco-64, timed "
-        "around the MuJoCo task's own calls), so per-step stepping of one ~1.4 ms MuJoCo env can reach ~0.95x at "
-        "best; with 2 workers of 1 env each, the synchronous step also waits for the slower worker and then for "
-        "this process, and on 2 cores that alone keeps `step` mode far below the raw workers, which never wait.",
+        "With workers, ours pays one synchronous pipe round trip per message (per batch step in `step` mode, per "
+        "chunk in `chunk` mode; actions, observations and rewards travel through shared memory), and each step or "
+        "chunk waits for the slower worker, while raw workers never wait for each other. That cost is per "
+        "message, not per env: visible against a ~1-1.5 ms MuJoCo step with one env per worker, shared by a "
+        "worker's envs with more, and lost in the ~35 ms ManiSkill rgb and ~100 ms LIBERO steps.",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def main() -> None:
-    """Parse flags, run the selected cases, print (and optionally write) the markdown section."""
+    """Parse flags, run the selected cases, print and publish the table."""
     p = argparse.ArgumentParser(description="steps/s of sim.make_env vs the raw simulator, interleaved")
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES), help="subset of cases")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2],
@@ -689,18 +631,12 @@ def main() -> None:
                    help="also time env.step_chunk on H-step chunks against a raw loop doing the same (0 or 1: off)")
     p.add_argument("--quick", action="store_true", help="small step budgets (env start-ups then dominate the run time)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", type=Path, default=None, help="replace the section in this markdown file")
-    p.add_argument("--append", action="store_true",
-                   help="with --write: add this run's rows to the section's table, keeping the runs already there")
-    args = p.parse_args()
+    args = harness.add_output_args(p).parse_args()
     if args.envs_per_worker < 1:
         p.error("--envs-per-worker must be >= 1")
-    if args.append and not args.write:
-        p.error("--append needs --write")
     _set_threads()
     import sim  # noqa: F401  registers the backends before any worker starts
 
-    runs, rows = previous_runs(args.write) if args.append else ([], [])
     horizons = [1] + ([args.chunk] if args.chunk > 1 else [])
     n = args.envs_per_worker
     t0 = time.perf_counter()
@@ -719,12 +655,9 @@ def main() -> None:
                     f"resets {r.raw_resets}/{r.ours_resets} setup {r.setup_s:.0f}s",
                     file=sys.stderr, flush=True,
                 )
-    command = ("python benchmarks/sim_throughput.py " + " ".join(sys.argv[1:])).strip()
-    run = len(runs) + 1
-    section = markdown(runs + [run_line(run, command, time.perf_counter() - t0)], rows + table_rows(results, run))
+    section = markdown(table_rows(results), time.perf_counter() - t0)
     print(section)
-    if args.write:
-        write_section(args.write, SECTION, section.split("\n", 1)[1])
+    harness.publish("sim_throughput", args, section, rows=[asdict(r) for r in results])
 
 
 if __name__ == "__main__":
