@@ -1,7 +1,7 @@
 """Training throughput of the quickstart's RL stage: where an iteration's time goes, against the limits.
 
     OMP_NUM_THREADS=1 python benchmarks/throughput.py [--policy DIR] [--demos DIR] [--repeats 3] [--iterations 4]
-        [--variants NAME,...] [--write docs/benchmarks.md]
+        [--variants NAME,...]
 
 The quickstart's RL stage (``mujoco/pick-any``, 32 envs on 2 worker processes, front + wrist cameras at 64x64, the
 compact flow policy, chunks of 4, 6 decisions per env per iteration) is built once per variant and timed, variants
@@ -16,63 +16,32 @@ interleaved (ABAB...) so that all of them see the same load on a shared machine:
 
 Variants (``VARIANTS``) are switches of the same code:
 
-- the issue's starting point, the Flow-SDE PPO stage (``--preset quickstart_ppo``: full chain, 2 epochs x minibatch
-  192), with ``--threads.update`` / ``--threads.rollout`` at 1 (the first row every ratio is taken against) or 2;
-- the quickstart's own stage since session 11, ``filtered_bc`` (8 supervised steps of 64 rows per iteration), with
-  ``--algo.overlap`` off (1 or 2 update threads) and on (the update of each iteration trains in a thread while the
-  next one collects: the quickstart's default since session 13), with the env workers' nice value raised
-  (``--algo.overlap_worker_nice``, default 10 since session 18) or not, and with pipelined collection.
+- the Flow-SDE PPO stage (``--preset quickstart_ppo``: full chain, 2 epochs x minibatch 192), with
+  ``--threads.update`` / ``--threads.rollout`` at 1 (the first row every ratio is taken against) or 2;
+- the quickstart's own stage, ``filtered_bc`` (8 supervised steps of 64 rows per iteration), with ``--algo.overlap``
+  off (1 or 2 update threads) and on (the update of each iteration trains in a thread while the next one collects:
+  the quickstart's default), with the env workers' nice value raised (``--algo.overlap_worker_nice``, default 10)
+  or not, and with pipelined collection.
 
-Medians over repeats; the ratios are what we track. Results: ``benchmarks/results/throughput.json`` and, with
-``--write``, the section ``## Training throughput`` of docs/benchmarks.md.
-
-**Whole runs against a commit** (``--whole_runs``): the estimate above times the loop of today's code; the
-issue's target compares the quickstart's RL stage with the one it had at the start of the issue, on the same
-machine. This mode runs the real command, ``vla-rl quickstart --seed S``, one run after the other, each in its
-own process, for:
-
-- ``start``: the code of ``--start`` (default: the commit before issue 22's first change), from a git worktree of
-  it, the quickstart as it was then (Flow-SDE PPO);
-- ``now``: the code of this checkout, the quickstart's defaults;
-- ``now, PPO preset``: this checkout, ``--preset quickstart_ppo`` (the start's algorithm on today's code, so the
-  speed-up can be split into what the faster code gives and what the change of learner gives);
-- ``now, frozen encoder``: this checkout with ``--algo.freeze_encoder true`` (less work per update, other
-  learning).
-
-Each run reports its stages (demos, pre-training, RL stage with both evaluations) in its ``report.json``; a run
-folder that already holds one (``--runs`` of an earlier call) is read, not run again. The table gives each
-stage's wall time, the RL stage against the start's, and each run's success before / after, so that the speed is
-never read apart from what was learned. Stored under ``whole_runs`` in the same JSON (the two modes keep each
-other's numbers).
+Medians over repeats; the ratios are what we track. Published by ``benchmarks/harness.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
-
-from bench_report import write_json, write_section  # noqa: E402
-
-SECTION = "## Training throughput"
-RESULTS = ROOT / "benchmarks" / "results" / "throughput.json"
 VARIANTS: dict[str, dict[str, Any]] = {
-    "PPO 1 thread (issue start)": {"algo": "ppo", "update_threads": 1, "rollout_threads": 1},
+    "PPO 1 thread": {"algo": "ppo", "update_threads": 1, "rollout_threads": 1},
     "PPO update on 2 threads": {"algo": "ppo", "update_threads": 2, "rollout_threads": 1},
     "PPO update + acting on 2 threads": {"algo": "ppo", "update_threads": 2, "rollout_threads": 2},
     "filtered_bc 1 thread": {"algo": "filtered_bc", "overlap": False},
@@ -82,17 +51,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "filtered_bc pipelined collection": {"algo": "filtered_bc", "overlap": False, "pipelined": True},
     "filtered_bc overlapped + pipelined": {"algo": "filtered_bc", "overlap": True, "pipelined": True},
 }
-DEFAULT_VARIANTS = ("PPO 1 thread (issue start)", "filtered_bc 1 thread", "filtered_bc update on 2 threads",
+DEFAULT_VARIANTS = ("PPO 1 thread", "filtered_bc 1 thread", "filtered_bc update on 2 threads",
                     "filtered_bc overlapped update (workers not reniced)", "filtered_bc overlapped update (quickstart)")
 WARMUP_ITERATIONS = 20
-START_COMMIT = "9da998b"
-"""The last commit before issue 22's first change (9f25278, the time breakdown): the quickstart the issue measured."""
-WHOLE_RUNS: dict[str, tuple[bool, list[str]]] = {  # label -> (run the --start commit's code, extra arguments)
-    "start": (True, []),
-    "now": (False, []),
-    "now, PPO preset": (False, ["--preset", "quickstart_ppo"]),
-    "now, frozen encoder": (False, ["--algo.freeze_encoder", "true"]),
-}
 """At most this many untimed iterations per variant, until ``filtered_bc``'s success buffer yields minibatches."""
 
 
@@ -111,8 +72,8 @@ class Setup:
 
 
 def _quickstart(config_class: Any, algo: str, overlap: bool) -> Any:
-    """The quickstart at 200 iterations: with ``algo`` ``ppo`` its Flow-SDE PPO stage (``--preset quickstart_ppo``,
-    what issue 22 measured first); else its own ``filtered_bc`` stage (the default since session 11)."""
+    """The quickstart at 200 iterations: with ``algo`` ``ppo`` its Flow-SDE PPO stage (``--preset quickstart_ppo``);
+    else its own ``filtered_bc`` stage."""
     from vla_rl.cli import parse_config
 
     args = ["--preset", "quickstart_ppo"] if algo == "ppo" else ["--algo.overlap", str(overlap).lower()]
@@ -236,32 +197,7 @@ def main() -> None:
     ap.add_argument("--eval_episodes", type=int, default=400, help="episodes of the one timed evaluation")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                     help=f"comma-separated names of variants, of: {', '.join(VARIANTS)}")
-    ap.add_argument("--write", type=Path, default=None, help="markdown file whose throughput section to replace")
-    ap.add_argument("--whole_runs", action="store_true", help="run whole quickstarts of --start and of this "
-                    "checkout instead (see the module doc)")
-    ap.add_argument("--start", default=START_COMMIT, help="the commit whose quickstart is the issue's start")
-    ap.add_argument("--seed", type=int, default=0, help="the quickstart seed of --whole_runs")
-    ap.add_argument("--runs", type=Path, default=Path("runs/throughput"), help="run folders of --whole_runs")
-    ap.add_argument("--labels", nargs="+", default=list(WHOLE_RUNS)[:3], choices=list(WHOLE_RUNS),
-                    help="which whole runs to make (default: the first three)")
-    ap.add_argument("--rounds", type=int, default=1, help="whole runs of every label, interleaved by round")
-    ap.add_argument("--round_labels", nargs="+", default=None, choices=list(WHOLE_RUNS),
-                    help="labels repeated in rounds after the first (default: all of --labels)")
-    args = ap.parse_args()
-    if args.whole_runs:
-        runs = whole_runs(args.start, args.seed, args.runs, args.labels, args.rounds, args.round_labels)
-        tail = f" --labels {' '.join(repr(x) for x in args.labels)}" if args.labels != list(WHOLE_RUNS)[:3] else ""
-        if args.rounds > 1:
-            tail += f" --rounds {args.rounds}"
-            if args.round_labels:
-                tail += f" --round_labels {' '.join(repr(x) for x in args.round_labels)}"
-        result = {**_load_results(), "whole_runs": {**runs, "command_tail": tail}}
-        write_json(RESULTS, result, indent=2)
-        md = render(result)
-        print(md)
-        if args.write:
-            write_section(args.write, SECTION, md)
-        return
+    args = harness.add_output_args(ap).parse_args()
     torch.set_num_threads(1)
     from vla_rl.commands.quickstart import QuickstartConfig
     from vla_rl.threads import usable_cores
@@ -277,7 +213,6 @@ def main() -> None:
     exec_steps = next(iter(setups.values())).engine.exec_steps
     samples: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     env_samples: list[dict[str, float]] = []
-    started = time.time()
     try:
         for n in names:
             print(f"{n}: warmed up in {warm_up(setups[n], decisions)} iteration(s)", flush=True)
@@ -315,147 +250,27 @@ def main() -> None:
     for row in rows:
         row["rl_stage_vs_first"] = row["rl_stage_estimate_s"] / base
     result = {
-        **{k: v for k, v in _load_results().items() if k == "whole_runs"},
-        "usable_cpus": cores,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                   f"load average {os.getloadavg()[0]:.1f} at the end",
-        "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
+        "usable_cpus": cores, "torch": torch.__version__, "load_average_end": os.getloadavg()[0],
         "policy": args.policy or "fresh quickstart policy", "demos": args.demos,
         "repeats": args.repeats, "iterations_per_repeat": args.iterations,
         "env_only_steps_per_s": env_sps, "eval_episodes": args.eval_episodes, "eval_seconds": eval_s, "rows": rows,
     }
-    write_json(RESULTS, result, indent=2)
     md = render(result)
     print(md)
-    if args.write:
-        write_section(args.write, SECTION, md)
-
-
-def _load_results() -> dict[str, Any]:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-
-
-def _commit(ref: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", ref], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
-def whole_run(label: str, code: Path, commit: str, seed: int, runs: Path, extra: list[str],
-              round_: int = 0) -> dict[str, Any]:
-    """One ``vla-rl quickstart --seed S`` of the code in ``code`` (a checkout), alone in its process; its
-    report's stages, success and wall time. A run folder that holds a report is read, not run again."""
-    from quickstart import run_seed
-
-    run_dir = runs / label.replace(", ", "-").replace(" ", "-") / (f"seed{seed}" + (f"-r{round_}" if round_ else ""))
-    fresh = not (run_dir / "report.json").exists()
-    if fresh:
-        print(f"[{label}] {commit}", flush=True)
-    rep = run_seed(seed, runs, extra, code=code, run_dir=run_dir)
-    if "failed" in rep:
-        raise RuntimeError(f"[{label}] the quickstart of {commit} failed ({rep['failed']}); its folder is {run_dir}")
-    if fresh:
-        (run_dir / "commit.txt").write_text(commit + "\n")
-    if (run_dir / "commit.txt").exists():  # the code the run was made with, not the code reading it now
-        commit = (run_dir / "commit.txt").read_text().strip()
-    return {"label": label, "round": round_, "commit": commit, "args": extra, "seed": seed, "run_dir": str(run_dir),
-            "algorithm": rep.get("algorithm"), "env_steps": rep.get("env_steps"), "iterations": rep.get("iterations"),
-            "stages_s": rep["stages"], "wall_s": rep["wall_seconds"],
-            "success_before": rep["success_before"], "success_after": rep["success_after"],
-            "success_after_ci": rep.get("success_after_ci"), "episodes_per_eval": rep.get("episodes_per_eval")}
-
-
-def whole_runs(start: str, seed: int, runs: Path, labels: list[str], rounds: int = 1,
-               round_labels: list[str] | None = None) -> dict[str, Any]:
-    """The runs of ``labels`` (see :data:`WHOLE_RUNS`), one after the other, ``rounds`` times over (interleaved:
-    every label once per round, so that a slow hour of a shared machine falls on all of them; ``round_labels``,
-    when given, are the labels of the rounds after the first); the start's code from a worktree."""
-    import tempfile
-
-    head, start_commit = _commit("HEAD"), _commit(start)
-    # changes outside benchmarks/ (the code under test) mark the commit
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks"],
-                                cwd=ROOT, capture_output=True, text=True).stdout.strip())
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="vla-rl-start-") as tmp:
-        start_code = Path(tmp) / "code"
-        if any(WHOLE_RUNS[label][0] for label in labels):
-            subprocess.run(["git", "worktree", "add", "--detach", str(start_code), start], cwd=ROOT, check=True,
-                           capture_output=True)
-        try:
-            for round_ in range(rounds):
-                for label in (labels if round_ == 0 or round_labels is None else round_labels):
-                    from_start, extra = WHOLE_RUNS[label]
-                    code = start_code if from_start else ROOT
-                    commit = start_commit if from_start else head + ("+changes" if dirty else "")
-                    rows.append(whole_run(label, code, commit, seed, runs.resolve(), extra, round_))
-        finally:
-            if start_code.exists():
-                subprocess.run(["git", "worktree", "remove", "--force", str(start_code)], cwd=ROOT, check=False)
-    for r in rows:  # against the start's run of the same round
-        base = next((b for b in rows if b["label"] == "start" and b["round"] == r["round"]), None)
-        r["rl_stage_vs_start"] = r["stages_s"]["rl"] / base["stages_s"]["rl"] if base else None
-    medians = {label: statistics.median(r["stages_s"]["rl"] for r in rows if r["label"] == label) for label in labels}
-    summary = [{"label": label, "runs": sum(r["label"] == label for r in rows), "rl_stage_median_s": m,
-                "rl_stage_range_s": [min(r["stages_s"]["rl"] for r in rows if r["label"] == label),
-                                     max(r["stages_s"]["rl"] for r in rows if r["label"] == label)],
-                "vs_start_median": m / medians["start"] if "start" in medians else None}
-               for label, m in medians.items()]
-    return {"date": time.strftime("%Y-%m-%d"), "seed": seed, "rounds": rounds, "summary": summary,
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                       f"load average {os.getloadavg()[0]:.1f} at the end", "rows": rows}
-
-
-def render_whole_runs(w: dict[str, Any]) -> str:
-    lines = [
-        "### Whole quickstart runs against the issue's start",
-        "",
-        f"`python benchmarks/throughput.py --whole_runs --seed {w['seed']}{w.get('command_tail', '')}`: "
-        f"`vla-rl quickstart --seed {w['seed']}` "
-        "run whole, each alone in its process, one after the other, by rounds: the code at the start of issue 22 (from a git "
-        "worktree), this checkout's defaults, and this checkout with `--preset quickstart_ppo` (the start's learner) or "
-        "`--algo.freeze_encoder true` (the `--labels` listed). "
-        f"{w['machine']}, {w['date']}. *RL stage* is the stage the issue times (200 iterations and the two "
-        "400-episode evaluations); success on the held-out episodes of each run's own evaluation.",
-        "",
-        "| run | round | commit | RL learner | demos s | pre-training s | RL stage s | x start (same round) "
-        "| whole run s | env steps | success before -> after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in w["rows"]:
-        st = r["stages_s"]
-        vs = f"{r['rl_stage_vs_start']:.2f}" if r.get("rl_stage_vs_start") is not None else "-"
-        lines.append(
-            f"| {r['label']} | {r.get('round', 0)} | {r['commit']} | {r['algorithm']} | {st['demos']:.0f} "
-            f"| {st['pretrain']:.0f} | {st['rl']:.0f} | {vs} | {r['wall_s']:.0f} | {r['env_steps']:,} "
-            f"| {r['success_before']:.3f} -> {r['success_after']:.3f} |")
-    if w.get("summary"):
-        lines += ["", "| run | runs | RL stage s, median (range) | x start (medians) |", "|---|---|---|---|"]
-        for s in w["summary"]:
-            lo, hi = s["rl_stage_range_s"]
-            vs = f"{s['vs_start_median']:.2f}" if s.get("vs_start_median") is not None else "-"
-            lines.append(f"| {s['label']} | {s['runs']} | {s['rl_stage_median_s']:.0f} ({lo:.0f}-{hi:.0f}) | {vs} |")
-    return "\n".join(lines)
+    harness.publish("throughput", args, md, rows=rows, summary={k: v for k, v in result.items() if k != "rows"})
 
 
 def render(r: dict[str, Any]) -> str:
-    if "rows" not in r:  # only whole runs so far
-        return render_whole_runs(r["whole_runs"])
-    command = "python benchmarks/throughput.py"
-    if r["policy"] != "fresh quickstart policy":
-        command += f" --policy {r['policy']}"
-    if r.get("demos"):
-        command += f" --demos {r['demos']}"
     lines = [
-        f"`{command}` (numbers in `benchmarks/results/throughput.json`): the quickstart's RL "
-        "stage (`mujoco/pick-any`, 32 envs on 2 workers, front + wrist camera 64x64, compact flow policy, chunks of 4, "
+        "The quickstart's RL stage (`mujoco/pick-any`, 32 envs on 2 workers, front + wrist camera 64x64, compact flow policy, chunks of 4, "
         "6 decisions per env per iteration; PPO: full-chain Flow-SDE, 2 epochs x minibatch 192; filtered_bc: 8 "
         "supervised steps of 64 rows), each variant built once and timed interleaved, median of "
-        f"{r['repeats']} x {r['iterations_per_repeat']} iterations. {r['machine']}; policy: {r['policy']}; demos: "
+        f"{r['repeats']} x {r['iterations_per_repeat']} iterations, load average {r['load_average_end']:.1f} at the end; policy: {r['policy']}; demos: "
         f"{r.get('demos') or 'none'}. Env only: {r['env_only_steps_per_s']:.0f} env steps / s (random actions, same "
         f"envs). One {r['eval_episodes']}-episode evaluation: {r['eval_seconds']:.0f} s. RL stage = 200 x (rollout + "
         "update) + 2 evaluations. *update s* is what the loop waits for; *own* is the update's own wall time (run "
         "beside the next collection when overlapped). *CPU s* per iteration: this process (acting and updating, all "
-        f"threads) and the env worker processes; *CPU floor*: their sum over the {r.get('usable_cpus', '?')} usable "
+        f"threads) and the env worker processes; *CPU floor*: their sum over the {r['usable_cpus']} usable "
         "cores, the shortest iteration any schedule of the same work could reach.",
         "",
         "| variant | rollout s | env s | act s | update s (own) | rollout steps/s | x env only | update own / rollout "
@@ -463,17 +278,15 @@ def render(r: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
-        own = row.get("update_own_s", row["update_s"])
+        own = row["update_own_s"]
         lines.append(
-            f"| {row['variant']} | {row['rollout_s']:.2f} | {row.get('rollout_env_s', 0):.2f} "
-            f"| {row.get('rollout_act_s', 0):.2f} | {row['update_s']:.2f} ({own:.2f}) "
+            f"| {row['variant']} | {row['rollout_s']:.2f} | {row['rollout_env_s']:.2f} "
+            f"| {row['rollout_act_s']:.2f} | {row['update_s']:.2f} ({own:.2f}) "
             f"| {row['rollout_steps_per_s']:.0f} | {row['rollout_vs_env_only']:.2f} "
-            f"| {row.get('update_own_vs_rollout', row['update_vs_rollout']):.2f} | {row['iteration_steps_per_s']:.0f} "
-            f"| {row.get('learner_cpu_s', float('nan')):.2f} + {row.get('workers_cpu_s', float('nan')):.2f} "
-            f"| {row.get('cpu_floor_s', float('nan')):.2f} | {row['rl_stage_estimate_s']:.0f} | {row['rl_stage_vs_first']:.2f} |"
+            f"| {row['update_own_vs_rollout']:.2f} | {row['iteration_steps_per_s']:.0f} "
+            f"| {row['learner_cpu_s']:.2f} + {row['workers_cpu_s']:.2f} "
+            f"| {row['cpu_floor_s']:.2f} | {row['rl_stage_estimate_s']:.0f} | {row['rl_stage_vs_first']:.2f} |"
         )
-    if "whole_runs" in r:
-        lines += ["", render_whole_runs(r["whole_runs"])]
     return "\n".join(lines)
 
 
