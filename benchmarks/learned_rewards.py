@@ -1,111 +1,39 @@
-"""Learned rewards, measured: the success classifier's held-out accuracy, PPO on the classifier alone, the
+"""Learned rewards, measured: the success classifier's held-out accuracy, RL on the classifier alone, the
 process reward model's sample efficiency, and curriculum task selection against uniform sampling.
 
-Parts (``--parts``; results merge into ``benchmarks/results/rewards.json`` part by part, seed by seed):
+Parts (``--parts``; each publishes ``learned_rewards_<part>`` through ``benchmarks/harness.py``):
 
 - ``classifier``: on the quickstart env (``mujoco/pick-any``, front + wrist cameras, 64 px, the compact flow
-  policy's inputs), record 400 training episodes and 400 held-out episodes (other seeds) of the scripted expert
-  with per-env action noise 0 / 0.5 / 1 / 2 (successes, near misses, failures), train a classifier on the
-  cameras + state (privileged state excluded) and score the held-out episodes: *episode accuracy* (the
-  classifier's verdict on the state each episode ended in vs the simulator's success; target >= 0.95) and
-  frame precision / recall. Saves the classifier for the next part. ``--policy_episodes N`` adds N episodes of
-  the seed's pre-trained policy exploring (training and held out; the negatives an RL policy reaches),
-  ``--images_only`` drops the arm state from the inputs, ``--classifier NAME`` names the variant (its folder and
-  its results section, e.g. ``classifier (classifier-v2)``); ``--counterfactual`` also trains on every successful
-  training episode under another pick instruction, as a failure (FiLM, ``--film``, is on by default).
-- ``ppo-classifier``: ``vla-rl quickstart`` (demos, few-shot imitation, Flow-SDE PPO, 400 held-out episodes
-  before and after) with the reward replaced by ``{classifier: 1.0}``: the learner never sees the simulator's
-  success or dense reward; evaluation scores the simulator's success. Target: after - before >= +0.15. The
-  classifier's success verdict ends the episode (``reward.classifier.terminate``, its default).
-- ``bc-classifier``: the same with the quickstart's own RL stage, success-filtered self-imitation
-  (``filtered_bc``), whose kept episodes are those the classifier calls successes
-  (``--algo.success_return 1``) instead of those the simulator does; same start, reward, evaluation and target.
-- ``prm``: a process reward model (``stages`` labels) trained like the classifier; then two quickstart RL runs
-  from the same pre-trained start, ``{success: 1.0}`` and ``{success: 1.0, prm: <weight>}``, evaluated every
-  ``--eval_every`` iterations on 400 held-out episodes; reports the env steps at which the PRM run first
-  reaches the sparse run's final success (target: <= 60% of the sparse run's steps, and the PRM run not ending
-  below the sparse final's 95% interval: :func:`prm_ok`); ``--prm_mode`` picks the term's form. ``--prm NAME``
-  names the PRM folder (another recipe, e.g. with ``--counterfactual``: every episode also under another
-  instruction, its stages recomputed) and its mixed run; the sparse run is shared. ``--policy_episodes N`` adds N
-  episodes of the seed's pre-trained policy (stage-labelled like the expert's) to the PRM's training and held-out
-  data, so it has seen the states RL starts from; ``--prm_weight`` (default 1) other than 1 also names the mixed run,
-  and so does ``--prm_anneal W`` (the prm weight moves linearly to ``W`` by the run's last iteration:
-  ``reward.anneal``; with ``--prm_anneal_end F`` by fraction F of the run, named ``-e<F>``). ``--env`` runs it on
-  another tabletop task, e.g. ``mujoco/stack-any`` (reach, grasp, lift,
-  place: the single-skill task with the most stages), with its own pre-trained start (``--demos``, ``--sft_steps``,
-  ``--start_success``, ``--check_every``) in an ``--out`` of its own. ``--lr_actor X`` runs both arms at PPO actor
-  step X instead of the preset's (a dense reward may carry a larger step than the sparse one does), names their
-  folders by it, and also reads the PRM run against the preset's own sparse runs under ``--out`` (run A, and the
-  mean of A and the ``prm-replicate`` run B). ``--ema D`` evaluates (and checkpoints) both arms' moving average of
-  the weights (``--eval.ema D``, :mod:`vla_rl.ema`) and names their folders ``-ema<D>``. ``--noise_level N``
-  (with ``--explore_noise zero``) has both arms explore with Flow-SDE noise level N (chains from zero noise)
-  instead of the preset's 0.5 from random noise, gentler exploration for tasks whose successes need centimetre
-  placement, and names their folders ``-n<N>[z]``. ``--no_adv_norm`` runs both arms without PPO's per-rollout
-  advantage normalization (``--algo.normalize_advantages false``; folders ``-nonorm``). ``--iterations N`` other
-  than the preset's 200 names both arms' folders ``-it<N>``; ``--extend_sparse M`` has the sparse arm continue its
-  finished M-iteration run (copied) to N, as an interrupted run resumes, rather than start fresh (the PRM run's
-  weight anneals over its own length, so it starts fresh). ``--arms prm`` or ``--arms sparse`` runs one arm and
-  writes no row, so the two arms of a seed run as two processes side by side; a last call with both arms reads the
-  finished runs and writes the row. ``prm-replicate`` takes the same ``--no_adv_norm``, ``--iterations``,
-  ``--extend_sparse``, ``--noise_level`` / ``--explore_noise`` and ``--arms`` (its B runs made as the ``prm``
-  part's were).
-- ``curriculum``: the quickstart's pipeline (demos, few-shot imitation, its default RL stage) on ``mujoco/multi``
-  (12 tasks: pick, push and stack, of varied difficulty) from one pre-trained start per seed, one RL stage per
-  ``--samplers`` entry (``uniform``, VLA-RL's ``curriculum``, ``progress``, ``balanced``) at the same iterations and env
-  steps, each scored by the per-task protocol (``--per_task`` held-out episodes of every task; the headline is
-  the mean over tasks, with its pooled 95% Wilson interval). Target: curriculum's mean over tasks above
-  uniform's. Each run's ``task/<name>/success`` and ``task/<name>/weight`` curves go into the results.
-- ``--reeval SECTION`` (runs nothing new): the final policies of a curriculum section's runs (their folders under
-  ``--out``) evaluated again on ``--reeval_per_task`` episodes of every task (default 100), seeded like the runs'
-  own evaluations, keeping each episode's outcome: the samplers then compare episode by episode on the same
-  initial states (the paired difference from uniform, with its 95% interval), which 34 episodes per task and two
-  separate Wilson intervals cannot resolve at the size of the differences measured.
+  policy's inputs), record 400 training and 400 held-out episodes (other seeds) of the scripted expert with
+  per-env action noise 0 / 0.5 / 1 / 2, train a classifier on the cameras + state and score the held-out
+  episodes (episode accuracy, target >= 0.95; frame precision / recall). ``--policy_episodes N`` adds N episodes
+  of the seed's pre-trained policy exploring, ``--counterfactual`` trains on every successful episode under
+  another pick instruction as a failure, ``--images_only`` drops the arm state, ``--classifier NAME`` names the
+  model's folder.
+- ``ppo-classifier`` / ``bc-classifier``: ``vla-rl quickstart`` from the seed's pre-trained start with the reward
+  replaced by ``{classifier: 1.0}`` (Flow-SDE PPO, or the quickstart's ``filtered_bc`` keeping the episodes the
+  classifier calls successes); evaluation scores the simulator's success. Target: after - before >= +0.15.
+- ``prm``: a process reward model (``stages`` labels) trained like the classifier; then two RL runs from the same
+  start, ``{success: 1.0}`` and ``{success: 1.0, prm: <weight>}``, evaluated every ``--eval_every`` iterations on
+  400 held-out episodes. Target: the PRM run reaches the sparse run's final success within 60% of its env steps
+  and does not end below the sparse final's 95% interval (:func:`prm_ok`). Options set the term's form
+  (``--prm_mode``), weight and annealing, the actor step, EMA evaluation, exploration noise, advantage
+  normalization, run length and which arms run in this process (``--arms``: two processes side by side; a last
+  call with both arms reads the finished runs).
+- ``prm-replicate``: after ``prm`` with the same settings, a second sparse run per seed (RL seed + 100), and with
+  ``--replicate_prm`` a second PRM run: the target read on the mean of two runs per arm.
+- ``curriculum``: the quickstart's pipeline on ``mujoco/multi`` (12 tasks) from one pre-trained start per seed,
+  one RL stage per ``--samplers`` entry at equal env steps, each scored by the per-task protocol. ``--reeval``
+  then evaluates their final policies again on ``--reeval_per_task`` episodes of every task, keeping each
+  episode's outcome, so each sampler is read against uniform episode by episode (paired difference, 95% interval).
 
-Every RL part of a seed starts from that seed's one pre-trained policy (``<out>/pretrained-s<seed>``: the
-``quickstart_ppo`` preset's demos and imitation steps). Its success differs by seed (0.32 / 0.58 / 0.37 on
-seeds 0-2), and from 0.58 PPO gains little on any reward, the simulator's included (docs/benchmarks.md); so
-``--start_success R`` stops each seed's imitation at the first success check (64 episodes) that reaches R, and
-the parts then measure the reward, not PPO's ceiling. ``--tag TAG`` files a run's rows under ``<part> (TAG)``
-so a variant of the settings does not overwrite the part's own rows.
+Every RL part of a seed starts from that seed's one pre-trained policy (``<out>/pretrained-s<seed>``);
+``--start_success R`` stops its imitation at the first success check that reaches R. Run alone
+(``OMP_NUM_THREADS=1``); each quickstart RL run takes 10-25 minutes on 2 CPU cores. The weak-start PRM recipe::
 
-Run alone for numbers worth recording (``OMP_NUM_THREADS=1``); on a 2-core CPU machine the classifier part
-took 12-21 minutes per seed (contended), each quickstart RL run 10-25 minutes.
-
-    python benchmarks/learned_rewards.py --parts classifier --seeds 0 1 2
-    python benchmarks/learned_rewards.py --parts ppo-classifier --seeds 0 1 2
-    python benchmarks/learned_rewards.py --parts classifier bc-classifier --classifier classifier-v2 \
-        --images_only --policy_episodes 200 --seeds 0 1 2
-    python benchmarks/learned_rewards.py --parts prm --seeds 0 1 2
-    python benchmarks/learned_rewards.py --parts classifier ppo-classifier bc-classifier --classifier classifier-v5 \
-        --counterfactual --policy_episodes 200 --seeds 0 1 2 3
-    python benchmarks/learned_rewards.py --parts prm --prm progress-v2 --counterfactual --seeds 0 2 3 --tag progress-v2
-    python benchmarks/learned_rewards.py --parts prm --prm progress-v2 --counterfactual --prm_mode milestone \
-        --seeds 0 1 2 --tag "progress-v2, milestone"
-    python benchmarks/learned_rewards.py --parts prm --env mujoco/stack-any --demos 200 --sft_steps 6000 \
-        --start_success 0.25 --check_every 500 --policy_episodes 200 --prm progress-v3 --counterfactual \
-        --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/stack \
-        --tag "stack-any, milestone, w 0.5 annealed to 0"
-    python benchmarks/learned_rewards.py --parts prm prm-replicate --start_success 0.15 --policy_episodes 200 \
-        --prm progress-v3 --counterfactual --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 \
-        --seeds 0 1 2 3 --out runs/weak --tag "start 0.15"
-    python benchmarks/learned_rewards.py --parts prm-replicate --replicate_prm --start_success 0.15 \
-        --prm progress-v3 --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 \
-        --seeds 0 1 2 3 --out runs/weak --tag "start 0.15, two runs per arm"
-    python benchmarks/learned_rewards.py --parts prm --lr_actor 1e-4 --start_success 0.15 --prm progress-v3 \
-        --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/weak \
-        --tag "start 0.15, actor step 1e-4"
-    python benchmarks/learned_rewards.py --parts prm --ema 0.95 --start_success 0.15 --prm progress-v3 \
-        --prm_mode milestone --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --seeds 0 1 2 --out runs/weak \
-        --tag "start 0.15, EMA 0.95"
-    python benchmarks/learned_rewards.py --parts prm --env mujoco/pick-place-stack --demos 200 --sft_steps 6000 \
-        --start_success 0.25 --check_every 500 --policy_episodes 200 --prm progress-v3 --prm_mode milestone \
-        --prm_weight 0.5 --prm_anneal 0 --eval_every 40 --noise_level 0.25 --explore_noise zero --seeds 0 1 \
-        --out runs/pps --tag "pick-place-stack, noise 0.25 from zero"
-    python benchmarks/learned_rewards.py --parts curriculum --seeds 0 1 2
-    python benchmarks/learned_rewards.py --reeval "curriculum (600 demos, 6000 steps, 400 it, balanced, session 39)" \
-        --out /work/exp/s39/rw --reeval_per_task 100
-    python benchmarks/learned_rewards.py --parts classifier ppo-classifier --classifier classifier-v2 \
-        --images_only --policy_episodes 200 --start_success 0.35 --tag "classifier-v2, start 0.35" --out runs/weak
+    python benchmarks/learned_rewards.py --parts prm --start_success 0.15 --policy_episodes 200 \\
+        --prm progress-v3 --counterfactual --prm_mode potential --no_adv_norm --explore_noise zero \\
+        --iterations 400 --eval_every 40 --seeds 0 2 3 4 --out runs/weak
 """
 
 from __future__ import annotations
@@ -115,29 +43,17 @@ import dataclasses
 import json
 import math
 import os
-import platform
-import re
-import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_report, also when imported rather than run as a script
-sys.path.insert(0, str(ROOT))
-
-from bench_report import write_json, write_section  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "rewards.json"
 NOISE = [0.0, 0.5, 1.0, 2.0]
 HELD_OUT_SEED = 7_000_000
-CLASSIFIER_PARTS = ("classifier", "ppo-classifier", "bc-classifier")
 ARMS = ("prm", "sparse")  # the prm part's two runs per seed: PRM + success, success alone
 PRESET_ITERATIONS = 200  # the quickstart_ppo preset's RL length: runs of another length are named -it<N>
-
 
 @dataclasses.dataclass(frozen=True)
 class Start:
@@ -190,12 +106,8 @@ def pretrained(seed: int, out: Path, start: Start = Start()) -> Path:
     marker = run / "start.json"
     if not (run / "report.json").exists():
         quickstart_run(seed, run, None, 0, 0, eval_episodes=1, start=start)
-        write_json(marker, dataclasses.asdict(start))
-    if marker.exists():
-        made = Start(**json.loads(marker.read_text()))
-    else:  # folders made before Start existed recorded only the success target, on the quickstart's task
-        old = run / "start_success.json"
-        made = Start(success=json.loads(old.read_text())["start_success"] if old.exists() else 0.0)
+        marker.write_text(json.dumps(dataclasses.asdict(start)))
+    made = Start(**json.loads(marker.read_text()))
     if made != start:
         raise SystemExit(f"{run} was pre-trained as {made}, not {start}: use another --out")
     return run
@@ -251,7 +163,7 @@ def part_model(kind: str, seed: int, episodes: int, epochs: int, out: Path, poli
             "reads_instruction": bool(model.config.vocabulary), "lr_schedule": fit.lr_schedule,
             "film": model.config.film, "counterfactual": fit.counterfactual,
             "path": str(model_path(name or kind, seed, out))}
-    write_json(model_row_path(name or kind, seed, out), row)
+    model_row_path(name or kind, seed, out).write_text(json.dumps(row, indent=1, default=str))
     return row
 
 
@@ -360,9 +272,7 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
              extend: int = 0, anneal_end: float = 1.0) -> dict[str, Any] | None:
     """The PRM + success run against the sparse run from the seed's pre-trained start (the PRM trained first if
     its folder is missing). ``lr_actor``: both runs' PPO actor step in place of the preset's (their folders named
-    by it); the PRM run is then also read against the preset's own sparse runs where they exist (``vs_preset``:
-    against ``prm-sparse-s<seed>``, and against its mean with the ``prm-replicate`` run B), the sparse reward at
-    the step it learns best with. ``ema``: both runs evaluate that moving average of their weights (their folders
+    by it). ``ema``: both runs evaluate that moving average of their weights (their folders
     named by it). ``sampler``: both runs' Flow-SDE sampler fields in place of the preset's (``noise_level``,
     ``explore_noise``; folders named by them). ``norm`` False: both runs without PPO's per-rollout advantage
     normalization (``--algo.normalize_advantages false``; folders named ``-nonorm``). Runs of other than 200
@@ -407,8 +317,6 @@ def part_prm(seed: int, out: Path, iterations: int, eval_every: int, weight: flo
            "prm_model": model_row,  # each run's own wall time, also where it was read rather than run here
            "runs_wall_s": {run.name: json.loads((run / "report.json").read_text()).get("wall_seconds")
                            for run in (sparse_dir, mixed_dir)}}
-    if lr_actor is not None:
-        row.update(vs_preset(out, seed, mixed, eval_episodes))
     return row
 
 
@@ -448,21 +356,6 @@ def copy_run(run: Path, dest: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(run, tmp, ignore=shutil.ignore_patterns("report.json"))
     tmp.rename(dest)
-
-
-def vs_preset(out: Path, seed: int, mixed: list[tuple[int, float]], episodes: int) -> dict[str, Any]:
-    """A PRM run at another actor step read against the preset's sparse runs of the seed under ``out`` (those that
-    exist and share its start and evaluation steps): run A (``prm-sparse-s<seed>``) and, with B (the
-    ``prm-replicate`` run), the mean of the two."""
-    curves = [evals(metrics(d)) for d in (sparse_run(out, seed), sparse_run(out, seed, replicate=True))
-              if (d / "metrics.jsonl").exists()]
-    curves = [c for c in curves if shares_start(c, mixed)]
-    if not curves:
-        return {}
-    row = {"preset_a_curve": curves[0], "vs_preset_a": compare(curves[0], mixed, episodes)}
-    if len(curves) == 2:
-        row.update(preset_b_curve=curves[1], vs_preset_mean=compare(pooled_curve(curves), mixed, episodes))
-    return row
 
 
 def prm_reward(prm: Path, weight: float, mode: str, anneal: float | None, anneal_end: float = 1.0) -> Any:
@@ -748,211 +641,78 @@ def evaluate_run(run_dir: Path, sampler: str, iterations: int, per_task: int) ->
                                desc=f"{run_dir.name} x{per_task}")
 
 
-def reevaluate(key: str, runs: Path, seeds: list[int], per_task: int) -> None:
-    """``--reeval``: every arm of the curriculum section ``key`` of ``rewards.json`` (the seeds given) gets its final
-    policy's evaluation on ``per_task`` episodes of every task (:func:`evaluate_run`, run folders
-    ``runs/curriculum-<sampler>-s<seed>``), with each episode's outcome so that the samplers pair up episode by
-    episode (:func:`vla_rl.evaluation.paired_difference`). Arms already re-evaluated at ``per_task`` are kept; at the
-    section's own ``episodes_per_task`` the evaluation must reproduce the row's success (a check of the set-up)."""
-    from vla_core.manifest import exclusive
+def reevaluate(out: Path, seeds: list[int], samplers: list[str], iterations: int,
+               per_task: int) -> list[dict[str, Any]]:
+    """``--reeval``: each sampler's final curriculum policy of each seed (``out/curriculum-<sampler>-s<seed>``)
+    evaluated on ``per_task`` episodes of every task (:func:`evaluate_run`), read against uniform's episode by
+    episode (:func:`vla_rl.evaluation.paired_difference`); one row per seed and sampler, and one pooled over the
+    seeds per sampler (seed ``all``)."""
+    from vla_rl.evaluation import paired_difference
 
-    results = json.loads(RESULTS.read_text())
-    if key not in curriculum_keys(results):
-        raise SystemExit(f"--reeval {key!r}: no such curriculum section in {RESULTS}; there are: "
-                         + "; ".join(curriculum_keys(results)))
-    for seed, row in _by_seed(results[key]):
-        if int(seed) not in seeds:
-            continue
-        for sampler, arm in row["arms"].items():
-            if arm.get("reeval", {}).get("episodes_per_task") == per_task:
-                continue
-            t0 = time.perf_counter()
-            res = evaluate_run(runs / f"curriculum-{sampler}-s{seed}", sampler, row["iterations"], per_task)
-            if per_task == row["episodes_per_task"] and abs(res.success_rate - arm["after"]) > 1e-9:
-                raise SystemExit(f"seed {seed} {sampler}: re-evaluated {res.success_rate} is not the row's {arm['after']}: "
-                                 "not the run's evaluation")
-            entry = {"episodes_per_task": per_task, "success": res.success_rate, "ci": [res.ci_low, res.ci_high],
-                     "episodes": res.episodes, "outcomes": res.outcomes, "wall_s": time.perf_counter() - t0,
-                     "date": time.strftime("%Y-%m-%d"), "load_average_at_end": os.getloadavg()[0]}
-            with exclusive(RESULTS, "the results file"):  # other re-evaluations may write it alongside
-                fresh = json.loads(RESULTS.read_text())
-                fresh[key]["seeds"][seed]["arms"][sampler]["reeval"] = entry
-                write_json(RESULTS, fresh)
-            print(f"seed {seed} {sampler}: {res.success_rate:.3f} [{res.ci_low:.3f}-{res.ci_high:.3f}] over "
-                  f"{res.episodes} episodes, {entry['wall_s']:.0f} s", flush=True)
+    outcomes: dict[str, list[Any]] = {s: [] for s in samplers}
+    rows = []
+    for seed in seeds:
+        for sampler in samplers:
+            res = evaluate_run(out / f"curriculum-{sampler}-s{seed}", sampler, iterations, per_task)
+            outcomes[sampler].append(res.outcomes)
+            rows.append({"seed": seed, "sampler": sampler, "success": res.success_rate, "ci": [res.ci_low, res.ci_high],
+                         "episodes": res.episodes})
+            if sampler != "uniform" and "uniform" in samplers:
+                diff, lo, hi, _ = paired_difference(outcomes["uniform"][-1:], [res.outcomes])
+                rows[-1]["minus_uniform"] = [diff, lo, hi]
+    for sampler in samplers:
+        if sampler != "uniform" and "uniform" in samplers:
+            diff, lo, hi, n = paired_difference(outcomes["uniform"], outcomes[sampler])
+            rows.append({"seed": "all", "sampler": sampler, "episodes": n, "minus_uniform": [diff, lo, hi]})
+    return rows
 
 
-def _by_seed(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return sorted(section["seeds"].items(), key=lambda kv: int(kv[0]))
+COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "classifier": [("seed", "seed"), ("episode accuracy", "episode_accuracy"), ("train episodes", "train_episodes"),
+                   ("inputs", "inputs"), ("met", "ok")],
+    "ppo-classifier": [("seed", "seed"), ("before", "before"), ("after", "after"), ("gain", "gain"),
+                       ("episodes", "episodes"), ("met", "ok")],
+    "prm": [("seed", "seed"), ("start", "start"), ("sparse final", "sparse_final"), ("PRM final", "mixed_final"),
+            ("PRM env steps to sparse final", "mixed_steps_to_sparse_final"), ("of sparse steps", "step_ratio"),
+            ("sparse improved", "sparse_improved"), ("met", "ok")],
+    "prm-replicate": [("seed", "seed"), ("start", "start"), ("sparse B vs A: ratio", "b_vs_a.step_ratio"),
+                      ("PRM vs mean of sparse: ratio", "prm_vs_mean.step_ratio"), ("met", "prm_vs_mean.ok"),
+                      ("PRM mean vs sparse mean: ratio", "prm_mean_vs_mean.step_ratio"),
+                      ("met", "prm_mean_vs_mean.ok")],
+    "curriculum": [("seed", "seed"), ("iterations", "iterations"), ("uniform after", "arms.uniform.after"),
+                   ("curriculum after", "arms.curriculum.after"), ("curriculum - uniform", "curriculum_minus_uniform"),
+                   ("met", "ok")],
+    "reeval": [("seed", "seed"), ("sampler", "sampler"), ("success", "success"), ("episodes", "episodes"),
+               ("minus uniform [95% CI]", "minus_uniform")],
+}
+COLUMNS["bc-classifier"] = COLUMNS["ppo-classifier"]
 
 
-def _variant(key: str) -> str:
-    """`` (classifier-v2)`` for a results section of a classifier variant (``--classifier``), else empty."""
-    return f" ({key.split(' (', 1)[1]}" if " (" in key else ""
+def _cell(row: dict[str, Any], key: str) -> str:
+    """``row``'s value at the dotted ``key``, formatted for a table ('-' where absent or not reached)."""
+    value: Any = row
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, float) for v in value):
+        return f"{value[0]:+.3f} [{value[1]:+.3f}, {value[2]:+.3f}]"
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def _or_dash(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
-def _yes(row: dict[str, Any]) -> str:
-    return "yes" if row.get("ok") else "no"
-
-
-def _ci(ci: list[float]) -> str:
-    return f"[{ci[0]:.2f}-{ci[1]:.2f}]"
-
-
-def _conditions(section: dict[str, Any]) -> str:
-    c = section.get("conditions", {})
-    return (f"{c.get('machine', '?')}, torch {c.get('torch', '?')}, no GPU, OMP_NUM_THREADS={c.get('omp_threads')}, "
-            f"{c.get('date', '?')}, load average {c.get('load_average_at_end', float('nan')):.1f} at the end")
-
-
-def _preset_sft() -> Any:
-    """The pre-training of the quickstart presets (``QuickstartConfig.sft``'s default: demos and steps)."""
-    from vla_rl.commands.quickstart import QuickstartConfig
-
-    return QuickstartConfig.__dataclass_fields__["sft"].default_factory()
-
-
-def _start(section: dict[str, Any]) -> str:
-    """Where a section's runs start, when not the quickstart's task and pre-training: its env and recipe."""
-    args, default = section.get("conditions", {}).get("args", {}), Start()
-    env = args.get("env", default.env_id)
-    if env == default.env_id and not args.get("demos") and not args.get("sft_steps"):
-        return ""
-    preset = _preset_sft()
-    demos, steps = args.get("demos") or preset.episodes, args.get("sft_steps") or preset.steps
-    recipe = f"{demos} expert demos, {steps} imitation steps"
-    if args.get("start_success"):
-        recipe += (f" at most (stopped at the first 64-episode check, every "
-                   f"{args.get('check_every', default.check_every)} steps, that reached {args['start_success']:g})")
-    return f" On `{env}`; the pre-trained start: {recipe}."
-
-
-def _explore(sampler: dict[str, Any]) -> str:
-    """The sentence saying how a section's runs explore when ``--noise_level`` / ``--explore_noise`` changed it."""
-    level = sampler.get("noise_level")
-    level = f"at Flow-SDE noise level {level:g}" if level is not None else "at the preset's noise level"
-    where = {"zero": "chains from zero noise", "random": "chains from random noise"}.get(
-        sampler.get("explore_noise"), "chains from the preset's random noise")
-    preset = ppo_preset().policy.sampler
-    return (f"Both runs explore {level}, {where} (`--policy.sampler.noise_level`, `explore_noise`), not the "
-            f"preset's {preset.noise_level:g} from {preset.explore_noise.value} noise.")
-
-
-def _ratio(value: float) -> str:
-    """A step ratio for a table: '-' where the PRM run never reached the sparse final."""
-    return "-" if math.isnan(value) else f"{value:.2f}"
-
-
-def plot_name(key: str) -> str:
-    """The image of a results section: ``<part>.png`` (``curriculum.png``, ``prm.png``), or ``<part>-<tag slug>.png``
-    for a tagged section."""
-    part = key.split(" (", 1)[0]
-    tag = key.split(" (", 1)[1].rstrip(")") if " (" in key else ""
-    return f"{part}-{re.sub(r'[^a-z0-9]+', '-', tag.lower()).strip('-')}.png" if tag else f"{part}.png"
-
-
-def _curriculum_learner(row: dict[str, Any]) -> str:
-    """What a curriculum row's RL stage was, for its section's text."""
-    if row.get("preset"):
-        return f"the `{row['preset']}` preset's learner, `vla-rl quickstart --preset {row['preset']}`"
-    return f"the quickstart's default `filtered_bc`, `min_buffer` {row.get('min_buffer', 256)}"
-
-
-def curriculum_keys(results: dict[str, Any]) -> list[str]:
-    """The curriculum sections of ``rewards.json`` (``curriculum`` and ``curriculum (<tag>)``)."""
-    return [k for k in results if k.split(" (")[0] == "curriculum"]
-
-
-def has_curves(section: dict[str, Any]) -> bool:
-    """Whether the lowest seed of a curriculum section logged per-task curves (what :func:`plot_curriculum` draws)."""
-    return any(a.get("curves") for a in _by_seed(section)[0][1]["arms"].values())
-
-
-def plot_curriculum(section: dict[str, Any], path: Path) -> None:
-    """Per task, the recent training success of each sampler's run (the lowest seed), and the task weights of the
-    first sampler that is not uniform."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    row = _by_seed(section)[0][1]
-    arms = row["arms"]
-    fig, axes = plt.subplots(1, len(arms) + 1, figsize=(4.2 * (len(arms) + 1), 3.4), squeeze=False)
-    for ax, (sampler, arm) in zip(axes[0], arms.items()):
-        for task, curve in sorted(arm["curves"].items()):
-            ax.plot([c[0] / 1e3 for c in curve], [c[1] for c in curve], lw=1, label=task)
-        ax.set_title(f"{sampler}: recent training success", fontsize=9)
-        ax.set_xlabel("env steps (k)")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-    curved = next((a for name, a in arms.items() if name != "uniform"), None)
-    ax = axes[0][-1]
-    if curved is not None:
-        for task, curve in sorted(curved["curves"].items()):
-            ax.plot([c[0] / 1e3 for c in curve], [c[2] for c in curve], lw=1, label=task)
-    ax.set_title("task weight (non-uniform sampler)", fontsize=9)
-    ax.set_xlabel("env steps (k)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-
-
-def prm_keys(results: dict[str, Any]) -> list[str]:
-    """The process reward model sections of ``rewards.json`` (``prm`` and ``prm (<tag>)``)."""
-    return [k for k in results if k.split(" (")[0] == "prm"]
-
-
-PRM_CURVES = (("sparse", "sparse_curve"), ("PRM + success", "mixed_curve"),
-              ("sparse, preset step, A", "preset_a_curve"), ("sparse, preset step, B", "preset_b_curve"))
-REPLICATE_CURVES = (("sparse A", "a_curve"), (f"sparse B (RL seed + {REPLICATE_SEED})", "b_curve"),
-                    ("PRM + success", "mixed_curve"),
-                    (f"PRM + success B (RL seed + {REPLICATE_SEED})", "mixed_b_curve"))
-
-
-def replicate_keys(results: dict[str, Any]) -> list[str]:
-    """The ``prm-replicate`` sections of ``rewards.json`` (:func:`part_prm_replicate`)."""
-    return [k for k in results if k.split(" (")[0] == "prm-replicate"]
-
-
-def plot_prm(section: dict[str, Any], path: Path, curves: tuple[tuple[str, str], ...] = PRM_CURVES) -> None:
-    """Per seed, the held-out success of each run in ``curves`` (label, row field; a row without the field skips
-    it) against env steps, with the first run's final (the level to reach) and 60% of its env steps (where to
-    reach it by)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = _by_seed(section)
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.2), squeeze=False, sharey=True)
-    for ax, (seed, r) in zip(axes[0], rows):
-        for name, field in curves:
-            if r.get(field):
-                curve = r[field]
-                ax.plot([c[0] / 1e3 for c in curve], [c[1] for c in curve], marker="o", ms=3, lw=1.2, label=name)
-        ax.axhline(r[curves[0][1]][-1][1], color="grey", lw=0.8, ls="--")
-        ax.axvline(0.6 * r["sparse_steps"] / 1e3, color="grey", lw=0.8, ls=":")
-        ax.set_title(f"seed {seed}", fontsize=9)
-        ax.set_xlabel("env steps (k)")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out success (400 episodes)")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def table(part: str, rows: list[dict[str, Any]]) -> str:
+    """The part's markdown table, a row per seed (:data:`COLUMNS`)."""
+    columns = COLUMNS[part]
+    return harness.markdown_table([h for h, _ in columns], [[_cell(r, k) for _, k in columns] for r in rows])
 
 
 def ppo_preset() -> Any:
     """The ``quickstart_ppo`` preset's QuickstartConfig, whose actor step and sampler the ``--lr_actor`` and
-    ``--noise_level`` runs are named and read against."""
+    ``--noise_level`` runs are named against."""
     from vla_rl.cli import parse_config
     from vla_rl.commands import quickstart as qs
 
@@ -960,166 +720,8 @@ def ppo_preset() -> Any:
 
 
 def preset_lr_actor() -> float:
-    """The ``quickstart_ppo`` preset's PPO actor step, which ``--lr_actor`` runs are read against."""
+    """The ``quickstart_ppo`` preset's PPO actor step."""
     return ppo_preset().algo.lr_actor
-
-
-def prm_summary(results: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every ``prm`` section's rows read together: per section, its seeds, the rows whose sparse run improved
-    (the only ones that can meet the target), how many of those met it (:func:`prm_ok`) and their seeds' step
-    ratios (NaN: never reached); and the same pooled over every section, with the median ratio (a row that never reached
-    the sparse final counts as above every ratio)."""
-    per_section = []
-    for key in prm_keys(results):
-        rows = _by_seed(results[key])
-        readable = [(seed, r) for seed, r in rows if r["sparse_improved"]]
-        per_section.append({"section": key, "seeds": len(rows), "readable": len(readable),
-                            "met": sum(prm_ok(r) for _, r in readable),
-                            "ratios": [(seed, r["step_ratio"]) for seed, r in readable]})
-    ratios = [ratio for s in per_section for _, ratio in s["ratios"]]
-    total = {"seeds": sum(s["seeds"] for s in per_section), "readable": len(ratios),
-             "met": sum(s["met"] for s in per_section), "never": sum(math.isnan(r) for r in ratios),
-             "median_ratio": statistics.median([math.inf if math.isnan(r) else r for r in ratios]) if ratios
-             else float("nan")}
-    return per_section, total
-
-
-def render_prm_summary(results: dict[str, Any]) -> list[str]:
-    """The table of :func:`prm_summary`: the PRM target over every section at once."""
-    per_section, total = prm_summary(results)
-    if not per_section:
-        return []
-    out = ["", "### Process reward model: every section read together", "",
-           "Each `prm` section above, one line: its seeds, those whose sparse run improved on the start (only they "
-           "can meet the target), how many of those met it, and their step ratios (- : the PRM run never reached the "
-           "sparse final). Sections differ in recipe, start and task, and a few share runs (a section re-read at "
-           "another evaluation grid, or a sparse run reused), so the pooled line counts rows, not independent runs.",
-           "", "| section | seeds | sparse improved | met | ratios where it improved |", "|---|---:|---:|---:|---|"]
-    for s in per_section:
-        ratios = ", ".join(f"s{seed} {_ratio(r)}" for seed, r in s["ratios"]) or "-"
-        out.append(f"| {s['section']} | {s['seeds']} | {s['readable']} | {s['met']} | {ratios} |")
-    median = total["median_ratio"]
-    shown = "-" if math.isnan(median) else ("never reached" if math.isinf(median) else f"{median:.2f}")
-    out.append(f"| **all** | {total['seeds']} | {total['readable']} | {total['met']} | median {shown}; "
-               f"{total['never']} never reached |")
-    return out
-
-
-def render_vs_preset(sec: dict[str, Any]) -> list[str]:
-    """For a ``prm`` section run at another actor step (``--lr_actor``): its PRM runs read against the preset's
-    sparse runs of the same start (:func:`vs_preset`), A alone and the mean of A and B; empty if it has none."""
-    rows = [(seed, r) for seed, r in _by_seed(sec) if r.get("vs_preset_a")]
-    if not rows:
-        return []
-
-    def cells(c: dict[str, Any] | None) -> str:
-        if c is None:
-            return "- | - | - | -"
-        reached = c["mixed_steps_to_sparse_final"]
-        return (f"{c['sparse_final']:.3f} | {'-' if reached is None else f'{reached:,}'} | {_ratio(c['step_ratio'])} "
-                f"| {'yes' if c['ok'] else 'no'}")
-
-    out = ["", f"The same PRM runs against the preset's sparse runs from the same start (actor step "
-           f"{preset_lr_actor():g}, the step the sparse reward learns best with: larger steps hurt it, \"RL ceiling on "
-           "`mujoco/pick-any`\"): its run A, and the mean of A and B (B: RL seed + "
-           f"{REPLICATE_SEED}, `--parts prm-replicate`).", "",
-           "| seed | A final | PRM steps to it | ratio | met | mean of A and B final | PRM steps to it | ratio | met |",
-           "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
-    out += [f"| {seed} | {cells(r['vs_preset_a'])} | {cells(r.get('vs_preset_mean'))} |" for seed, r in rows]
-    return out
-
-
-def render_replicate(key: str, sec: dict[str, Any]) -> list[str]:
-    """The table of a ``prm-replicate`` section: two sparse runs from one start read against each other by the PRM
-    target, and the PRM run read against each and against their mean; then how often each reading met it."""
-    rows = _by_seed(sec)
-    readings = {"b_vs_a": "B vs A", "a_vs_b": "A vs B", "prm_vs_a": "PRM vs A", "prm_vs_b": "PRM vs B",
-                "prm_vs_mean": "PRM vs mean"}
-
-    def cell(r: dict[str, Any], name: str) -> str:
-        c = r.get(name)
-        return "- | -" if c is None else f"{_ratio(c['step_ratio'])} | {'yes' if c['ok'] else 'no'}"
-
-    out = ["", f"### Sparse against sparse: a second RL seed{_variant(key)}", "",
-           f"`--parts prm-replicate`: per seed, a second sparse run (B: `{{success: 1.0}}`, RL seed = seed + "
-           f"{REPLICATE_SEED}, so "
-           "other training episodes and sampling noise) from the same pre-trained start as the `prm` part's sparse "
-           "run (A) under the same `--out`, evaluated on the same 400 held-out episodes at the same env steps."
-           f"{_start(sec)}{_replicate_setup(rows[0][1])} {_conditions(sec)}."
-           + (f" {sec['note']}" if sec.get("note") else ""), "",
-           "*B vs A*: the PRM table's target with B in the PRM run's place (A improved on the start, B reaches A's "
-           "final within 60% of the env steps and does not end below its 95% interval); *A vs B* the other way "
-           "round. The two differ by chance alone, so a target met this way is one a single pair of runs meets by "
-           "luck. *PRM vs A / B / mean*: the PRM run of the same seed and start (`"
-           f"{rows[0][1]['mixed_run'].rsplit('-s', 1)[0]}-s<seed>`) read against A (the PRM table's row), against B, "
-           "and against the mean curve of A and B (intervals at 400 episodes).", "",
-           "| seed | start | A final | B final | B vs A: ratio | met | A vs B: ratio | met | PRM final | PRM vs A: "
-           "ratio | met | PRM vs B: ratio | met | mean of A, B: final | PRM vs mean: ratio | met |",
-           "|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---|---:|---|---:|---:|---|"]
-    for seed, r in rows:
-        mixed = f"{r['mixed_curve'][-1][1]:.3f}" if r.get("mixed_curve") else "-"
-        mean = (r["a_curve"][-1][1] + r["b_curve"][-1][1]) / 2
-        out.append(f"| {seed} | {r['start']:.3f} | {r['a_curve'][-1][1]:.3f} | {r['b_curve'][-1][1]:.3f} | "
-                   f"{cell(r, 'b_vs_a')} | {cell(r, 'a_vs_b')} | {mixed} | {cell(r, 'prm_vs_a')} | "
-                   f"{cell(r, 'prm_vs_b')} | {mean:.3f} | {cell(r, 'prm_vs_mean')} |")
-    counts = []
-    for name, label in readings.items():
-        read = [r[name] for _, r in rows if r.get(name)]
-        counts.append(f"{label} {sum(c['ok'] for c in read)} of {len(read)}")
-    out += ["", "Met: " + "; ".join(counts) + "."]
-    two_per_arm = any(r.get("mixed_b_curve") for _, r in rows)
-    if two_per_arm:
-        out += render_two_per_arm(sec)
-    what = "both sparse runs and both PRM runs" if two_per_arm else "both sparse runs and the PRM run"
-    return out + ["", f"![held-out success of {what} per seed](img/{plot_name(key)})"]
-
-
-def _replicate_setup(row: dict[str, Any]) -> str:
-    """How a ``prm-replicate`` section's B runs were made where not as the preset's: without advantage
-    normalization, extended from their own shorter run as A was, exploring with another Flow-SDE sampler
-    (``--no_adv_norm``, ``--extend_sparse``, ``--noise_level`` / ``--explore_noise``)."""
-    text = f" {_explore(row['sampler'])}" if row.get("sampler") else ""
-    if row.get("normalize_advantages") is False:
-        text += (" Every run uses PPO's advantages as they come, without normalizing them over each rollout "
-                 "(`--algo.normalize_advantages false`).")
-    if row.get("extend"):
-        text += (f" B, as A, ran {row['extend']} iterations and was then continued from that run's last checkpoint "
-                 f"to A's length, {row['sparse_steps']:,} env steps (`--extend_sparse {row['extend']}`).")
-    return text
-
-
-def render_two_per_arm(sec: dict[str, Any], episodes: int = 400) -> list[str]:
-    """The rows of a ``prm-replicate --replicate_prm`` section with two runs per arm: the PRM target read on the
-    mean curve of the two PRM runs against the mean curve of the two sparse runs, per seed and over every seed's
-    runs together."""
-    rows = [(seed, r) for seed, r in _by_seed(sec) if r.get("mixed_b_curve")]
-    out = ["", f"Two runs per arm: a second PRM + success run per seed (RL seed = seed + {REPLICATE_SEED}, B's), "
-           "so each arm is the mean of two runs that differ only by RL seed. *PRM mean vs sparse mean*: the target "
-           "read on the two mean curves (the sparse mean improved on the start, the PRM mean reaches its final within "
-           f"60% of the env steps and does not end below its 95% interval at {episodes} episodes). *All seeds*: the "
-           f"same reading on the mean of every seed's runs ({2 * len(rows)} runs per arm, intervals at "
-           f"{2 * len(rows) * episodes} episodes).", "",
-           "| seed | start | sparse A | sparse B | sparse mean | PRM A | PRM B | PRM mean | "
-           "PRM B vs sparse mean: ratio | met | PRM mean vs sparse mean: ratio | met |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
-    sparse_means, prm_means = [], []
-    for seed, r in rows:
-        sparse_mean = pooled_curve([r["a_curve"], r["b_curve"]])
-        prm_mean = pooled_curve([r["mixed_curve"], r["mixed_b_curve"]])
-        sparse_means.append(sparse_mean)
-        prm_means.append(prm_mean)
-        b, m = r["prm_b_vs_mean"], r["prm_mean_vs_mean"]
-        out.append(f"| {seed} | {r['start']:.3f} | {r['a_curve'][-1][1]:.3f} | {r['b_curve'][-1][1]:.3f} | "
-                   f"{sparse_mean[-1][1]:.3f} | {r['mixed_curve'][-1][1]:.3f} | {r['mixed_b_curve'][-1][1]:.3f} | "
-                   f"{prm_mean[-1][1]:.3f} | {_ratio(b['step_ratio'])} | {'yes' if b['ok'] else 'no'} | "
-                   f"{_ratio(m['step_ratio'])} | {'yes' if m['ok'] else 'no'} |")
-    all_sparse = pooled_curve(sparse_means)
-    pooled = compare(all_sparse, pooled_curve(prm_means), 2 * len(rows) * episodes)
-    met_all = "yes" if pooled["ok"] else "no"
-    out.append(f"| all seeds | {all_sparse[0][1]:.3f} | | | {pooled['sparse_final']:.3f} | | | "
-               f"{pooled['mixed_final']:.3f} | | | {_ratio(pooled['step_ratio'])} | {met_all} |")
-    met = sum(r["prm_mean_vs_mean"]["ok"] for _, r in rows)
-    return out + ["", f"Met (PRM mean vs sparse mean): {met} of {len(rows)} seeds; over all seeds: {met_all}."]
 
 
 def pooled_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
@@ -1127,237 +729,6 @@ def pooled_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float
     if any([step for step, _ in c] != [step for step, _ in curves[0]] for c in curves):
         raise ValueError(f"curves evaluated at different env steps: {[[step for step, _ in c] for c in curves]}")
     return [(step, sum(c[i][1] for c in curves) / len(curves)) for i, (step, _) in enumerate(curves[0])]
-
-
-def render(results: dict[str, Any]) -> str:
-    """The ``## Learned rewards (issue 19)`` section: one table per part present in ``results``."""
-    from vla_rl.evaluation import wilson_interval
-
-    out = ["Numbers: `benchmarks/results/rewards.json`; rendered by `python benchmarks/learned_rewards.py --render "
-           "docs/benchmarks.md`. Readings: the next section."]
-    for key in [k for k in results if k.split(" (")[0] == "classifier"]:
-        sec = results[key]
-        first = _by_seed(sec)[0][1]
-        extra = first.get("policy_episodes", 0)
-        reads = ("the cameras only" if first.get("inputs") and "observation.state" not in first["inputs"]
-                 else "the cameras and `observation.state`")
-        if first.get("reads_instruction"):
-            reads = reads.replace(" only", "") + " and the instruction's words" + (
-                " (which also scale and shift the CNN's channels: FiLM)" if first.get("film") else "")
-        swaps = ("; every successful training episode also trains again under another pick instruction, as a "
-                 "failure" if first.get("counterfactual") else "")
-        schedule = ", the learning rate decaying to 0 along a cosine" if first.get("lr_schedule") == "cosine" else ""
-        args = sec.get("conditions", {}).get("args", {})
-        expert = args.get("episodes", 400)
-        out += ["", f"### Success classifier{_variant(key)}", "",
-                "`--parts classifier`: on `mujoco/pick-any` (front + wrist cameras at 64 px, the compact policy's "
-                f"inputs), {expert} training and {expert} held-out episodes (other reset seeds) of the scripted expert "
-                "with per-env action noise cycling through 0 / 0.5 / 1 / 2"
-                + (f", plus {extra} training and {extra} held-out episodes of the seed's pre-trained policy exploring"
-                   if extra else "")
-                + "; a classifier (shared 3-layer CNN per camera + state MLP, width 32) trained "
-                f"{args.get('epochs', 8)} epochs on {reads} (never the privileged state){schedule}{swaps}. *Episode accuracy*: its "
-                "verdict on each held-out episode's final observation against the simulator's success. *First "
-                "verdict*: the episode called a success if any of its frames is judged one, which is where a "
-                "terminating `classifier` reward asked after every step would end it (failures called success: "
-                f"how many failed episodes it fires on somewhere; - where not measured). {_conditions(sec)}.", "",
-                "| seed | train successes | held-out successes | episode accuracy [95% CI] | first verdict [95% CI] | "
-                "failures called success | frame precision | frame recall | frame accuracy | held-out frames | "
-                "record + fit s | >= 0.95 |",
-                "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
-        for seed, r in _by_seed(sec):
-            n, k = r["episodes"], round(r["episode_accuracy"] * r["episodes"])
-            first_verdict, called = "-", "-"
-            if "first_verdict_accuracy" in r:
-                kf = round(r["first_verdict_accuracy"] * n)
-                first_verdict = f"{r['first_verdict_accuracy']:.3f} {_ci(list(wilson_interval(kf, n)))}"
-                called = f"{r['failures_called_success']}/{n - r['successful_episodes']}"
-            out.append(f"| {seed} | {r['train_successes']}/{r['train_episodes']} | {r['successful_episodes']}/{n} | "
-                       f"{r['episode_accuracy']:.3f} {_ci(list(wilson_interval(k, n)))} | {first_verdict} | {called} | "
-                       f"{r['precision']:.2f} | "
-                       f"{r['recall']:.3f} | {r['accuracy']:.3f} | {r['frames']} | {r['record_s']:.0f} + "
-                       f"{r['fit_s']:.0f} | {_yes(r)} |")
-    for key in [k for k in results if k.split(" (")[0] in ("ppo-classifier", "bc-classifier")]:
-        sec = results[key]
-        bc = key.startswith("bc-")
-        what = ("`--parts bc-classifier`: `vla-rl quickstart` (its own RL stage, success-filtered self-imitation for "
-                "200 iterations, `--algo.success_return 1`: it imitates the episodes the classifier calls successes)"
-                if bc else "`--parts ppo-classifier`: `vla-rl quickstart --preset quickstart_ppo` (demos, few-shot "
-                "imitation, Flow-SDE PPO for 200 iterations)")
-        out += ["", f"### {'filtered_bc' if bc else 'PPO'} with the classifier as its only reward{_variant(key)}", "",
-                f"{what}, from the seed's pre-trained start (the `quickstart_ppo` preset's demos and imitation), "
-                "with the reward replaced by `{classifier: 1.0}` (the seed's "
-                "classifier above): the learner never sees the simulator's success or dense reward; the 400 "
-                "held-out episodes before and after are scored by the simulator's success (deterministic policy, "
-                f"95% Wilson interval). *Simulator-reward gain*: PPO from the same start on the simulator's "
-                "own success (`{success: 1.0}`, the `prm` part's sparse run, where measured). "
-                f"{_conditions(sec)}.", "",
-                "| seed | success before [95% CI] | success after [95% CI] | gain | simulator-reward gain | episodes | "
-                "env steps | wall s | >= +0.15 |", "|---:|---|---|---:|---:|---:|---:|---:|---|"]
-        # a sparse run of the same seed from the same start (any prm section: pre-training is deterministic per seed)
-        sparse = [row for key in prm_keys(results) for row in results[key]["seeds"].values()]
-        for seed, r in _by_seed(sec):
-            ref = next((x for x in sparse if x["seed"] == int(seed) and abs(x["start"] - r["before"]) < 1e-9), None)
-            oracle = f"{ref['sparse_final'] - ref['start']:+.3f}" if ref else "-"
-            out.append(f"| {seed} | {r['before']:.3f} {_ci(r['before_ci'])} | {r['after']:.3f} {_ci(r['after_ci'])} | "
-                       f"{r['gain']:+.3f} | {oracle} | {r['episodes']} | {r['env_steps']:,} | {r['wall_s']:.0f} | "
-                       f"{_yes(r)} |")
-        out += [f"\nSeed {seed}: {r['note']}." for seed, r in _by_seed(sec) if r.get("note")]
-    for key in prm_keys(results):
-        sec = results[key]
-        first = _by_seed(sec)[0][1]
-        mode, weight = first.get("prm_mode", "potential"), first.get("prm_weight", 1.0)
-        models = [r["prm_model"] for _, r in _by_seed(sec) if r.get("prm_model")]
-        policy = max((m.get("policy_episodes", 0) for m in models), default=0)
-        every = sec.get("conditions", {}).get("args", {}).get("eval_every", 25)
-        data = f" The PRMs also learned from {policy} episodes of the seed's pre-trained policy." if policy else ""
-        anneal = first.get("prm_anneal")
-        fade = ""
-        if anneal is not None:
-            end = first.get("prm_anneal_end", 1.0)
-            span, flag = (("over the run", "") if end == 1.0 else
-                          (f"over the first {end:.0%} of the run's iterations and stayed there",
-                           f" --reward.anneal_end {end:g}"))
-            fade = (f" The prm weight moved linearly from {weight:g} to {anneal:g} {span} (`--reward.anneal "
-                    f"'{{prm: {anneal:g}}}'{flag}`).")
-        lr = first.get("lr_actor")
-        step = (f" Both runs' PPO actor step is {lr:g} (`--algo.lr_actor`), not the preset's {preset_lr_actor():g}."
-                if lr is not None else "")
-        if first.get("ema"):
-            step += (f" Both runs evaluate the moving average of their weights (`--eval.ema {first['ema']:g}`, about "
-                     f"the last {1 / (1 - first['ema']):.0f} iterations), not the weights as trained.")
-        if first.get("sampler"):
-            step += f" {_explore(first['sampler'])}"
-        if first.get("normalize_advantages") is False:
-            step += (" Both runs use PPO's advantages as they come, without normalizing them over each rollout "
-                     "(`--algo.normalize_advantages false`).")
-        out += ["", f"### Process reward model{_variant(key)}", "",
-                "`--parts prm`: two quickstart PPO runs from the same pre-trained start, `{success: 1.0}` and "
-                f"`{{success: 1.0, prm: {weight:g}}}` (`--reward.prm.mode {mode}`), evaluated every {every} iterations "
-                f"({first['mixed_curve'][1][0]:,} env steps) on 400 held-out episodes.{_start(sec)}{data}{fade}{step} "
-                f"{_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""), "",
-                "*Sparse improved*: the sparse run's final lies above the start's 95% interval (otherwise matching it "
-                "says nothing about sample efficiency and the row cannot meet the target). *Met*: the sparse run "
-                "improved, the ratio is <= 0.6, and the PRM run does not end below the sparse final's 95% interval. "
-                "*3-eval ratio*: the same "
-                "crossing read on trailing means of 3 evaluations (the sparse run's last three against the PRM run's "
-                "at each step and the two before), less moved by one evaluation's noise; the target is read on single "
-                "evaluations.", "",
-                "| seed | start | sparse final | sparse improved | its env steps | PRM final | PRM steps to the sparse "
-                "final | ratio | met | 3-eval ratio |", "|---:|---:|---:|---|---:|---:|---:|---:|---|---:|"]
-        for seed, r in _by_seed(sec):
-            reached = r["mixed_steps_to_sparse_final"]
-            smooth = prm_crossing(r["sparse_curve"], r["mixed_curve"], window=3)[2]
-            out.append(f"| {seed} | {r['start']:.3f} | {r['sparse_final']:.3f} | {'yes' if r['sparse_improved'] else 'no'} | "
-                       f"{r['sparse_steps']:,} | {r['mixed_final']:.3f} | "
-                       f"{'-' if reached is None else f'{reached:,}'} | {_ratio(r['step_ratio'])} | "
-                       f"{'yes' if prm_ok(r) else 'no'} | {_ratio(smooth)} |")
-        out += render_vs_preset(sec)
-        out += ["", f"![held-out success of the sparse and the PRM run per seed](img/{plot_name(key)})"]
-    out += render_prm_summary(results)
-    for key in replicate_keys(results):
-        out += render_replicate(key, results[key])
-    for key in curriculum_keys(results):
-        sec = results[key]
-        rows = _by_seed(sec)
-        first = rows[0][1]
-        rl = all("rl_s" in a for _, r in rows for a in r["arms"].values())  # RL seconds over resumed segments
-        out += ["", f"### Curriculum task selection{_variant(key)}", "",
-                f"`--parts curriculum`: the quickstart's pipeline on `mujoco/multi` (12 tasks: 3 pick, 3 push, 6 "
-                f"stack): {first['demos']} expert demos, {first['sft_steps']} steps of imitation, then from that one pre-trained start one "
-                f"RL stage ({_curriculum_learner(first)}) per task "
-                f"sampler for {first['iterations']} "
-                "iterations (the same env steps), each scored by the per-task protocol "
-                f"({first['episodes_per_task']} held-out episodes of every task; success = the mean over tasks, "
-                f"pooled 95% Wilson interval). {_conditions(sec)}." + (f" {sec['note']}" if sec.get("note") else ""),
-                "",
-                "| seed | sampler | before [95% CI] | after [95% CI] | vs uniform | env steps | gradient steps | wall s |"
-                + (" RL s, all segments |" if rl else ""), "|---:|---|---|---|---:|---:|---:|---:|" + ("---:|" if rl else "")]
-        for seed, r in rows:
-            base = r["arms"].get("uniform")
-            for sampler, a in r["arms"].items():
-                diff = f"{a['after'] - base['after']:+.3f}" if base is not None and sampler != "uniform" else "-"
-                out.append(f"| {seed} | {sampler} | {a['before']:.3f} {_ci(a['before_ci'])} | {a['after']:.3f} "
-                           f"{_ci(a['after_ci'])} | {diff} | {a['env_steps']:,} | {_or_dash(a.get('gradient_steps'))} | "
-                           f"{a['wall_s']:.0f} |" + (f" {a['rl_s']:.0f} |" if rl else ""))
-        samplers = list(first["arms"])
-        if len(rows) > 1:  # pooled over seeds: equal episodes per task and seed, so the pooled rate is the mean
-            out += ["", f"Pooled over seeds {', '.join(s for s, _ in rows)} (mean over tasks and seeds, 95% Wilson "
-                    "interval of the pooled episodes; *seeds above uniform*: seeds whose mean is higher):", "",
-                    "| sampler | after [95% CI] | vs uniform | seeds above uniform | episodes |", "|---|---|---:|---|---:|"]
-            for sampler in samplers:
-                arms = [r["arms"][sampler] for _, r in rows if sampler in r["arms"]]
-                n = sum(a["episodes"] for a in arms)
-                wins = round(sum(a["after"] * a["episodes"] for a in arms))
-                lo, hi = wilson_interval(wins, n)
-                bases = [r["arms"]["uniform"]["after"] for _, r in rows if sampler in r["arms"] and "uniform" in r["arms"]]
-                mine = [a["after"] for a in arms]
-                diff = f"{sum(mine) / len(mine) - sum(bases) / len(bases):+.3f}" if sampler != "uniform" and bases else "-"
-                above = (f"{sum(m > b for m, b in zip(mine, bases))} of {len(bases)}"
-                         if sampler != "uniform" and len(bases) == len(mine) else "-")
-                out.append(f"| {sampler} | {wins / n:.3f} [{lo:.2f}-{hi:.2f}] | {diff} | {above} | {n} |")
-        tasks = list(first["arms"][samplers[0]]["per_task_after"])
-        out += ["", "Per task, mean over seeds of held-out success (before RL, then after each sampler's RL stage):", "",
-                "| task | before | " + " | ".join(samplers) + " |", "|---|---:|" + "---:|" * len(samplers)]
-        for t in tasks:
-            before = sum(r["arms"][samplers[0]]["per_task_before"][t] for _, r in rows) / len(rows)
-            cells = [sum(r["arms"][s]["per_task_after"][t] for _, r in rows) / len(rows) for s in samplers]
-            out.append(f"| {t} | {before:.2f} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-        out += _reeval_tables(rows)
-        if has_curves(sec):
-            out += ["", f"![per-task training success and task weights, seed {rows[0][0]}]"
-                    f"(img/{plot_name(key)})"]
-    return "\n".join(out) + "\n"
-
-
-def _reeval_tables(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """A curriculum section's ``--reeval`` tables (seeds whose every arm was re-evaluated): per seed and sampler,
-    then pooled over seeds, each against uniform paired episode by episode; empty without re-evaluations."""
-    from vla_rl.evaluation import paired_difference, wilson_interval
-
-    rows = [(seed, r) for seed, r in rows if "uniform" in r["arms"] and all("reeval" in a for a in r["arms"].values())]
-    if not rows:
-        return []
-    first = rows[0][1]["arms"]["uniform"]["reeval"]
-    loads = [a["reeval"]["load_average_at_end"] for _, r in rows for a in r["arms"].values()
-             if "load_average_at_end" in a["reeval"]]
-    load = f", load average {min(loads):.1f}-{max(loads):.1f} at the ends" if loads else ""
-    out = ["", f"Re-evaluated (`--reeval`, {first.get('date', '?')}{load}): "
-           f"each run's final policy on {first['episodes_per_task']} held-out episodes of every task, seeded like the "
-           "run's own evaluation, so episode k of a task starts from the same state for every sampler (episodes "
-           "0-" + f"{rows[0][1]['episodes_per_task'] - 1} are the table's). *vs uniform, paired*: the mean of the "
-           "per-episode differences from uniform's policy, with its 95% normal interval; an interval above 0 says this "
-           "policy beats uniform's on these states beyond the evaluation's noise (training noise is what the seeds "
-           "replicate).", "",
-           "| seed | sampler | success [95% CI] | vs uniform, paired [95% CI] | episodes | wall s |",
-           "|---:|---|---|---|---:|---:|"]
-
-    def paired(base: list[dict[str, str]], other: list[dict[str, str]]) -> str:
-        mean, lo, hi, _ = paired_difference(base, other)
-        return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-
-    for seed, r in rows:
-        base = r["arms"]["uniform"]["reeval"]["outcomes"]
-        for sampler, a in r["arms"].items():
-            e = a["reeval"]
-            diff = "-" if sampler == "uniform" else paired([base], [e["outcomes"]])
-            out.append(f"| {seed} | {sampler} | {e['success']:.3f} {_ci(e['ci'])} | {diff} | {e['episodes']} | "
-                       f"{e['wall_s']:.0f} |")
-    if len(rows) > 1:
-        out += ["", f"Pooled over seeds {', '.join(s for s, _ in rows)}:", "",
-                "| sampler | success [95% CI] | vs uniform, paired [95% CI] | seeds above uniform | episodes |",
-                "|---|---|---|---|---:|"]
-        bases = [r["arms"]["uniform"]["reeval"] for _, r in rows]
-        for sampler in rows[0][1]["arms"]:
-            mine = [r["arms"][sampler]["reeval"] for _, r in rows]
-            n = sum(e["episodes"] for e in mine)
-            wins = sum(seq.count("1") for e in mine for seq in e["outcomes"].values())
-            lo, hi = wilson_interval(wins, n)
-            diff = "-" if sampler == "uniform" else paired([b["outcomes"] for b in bases], [e["outcomes"] for e in mine])
-            above = "-" if sampler == "uniform" else \
-                f"{sum(e['success'] > b['success'] for e, b in zip(mine, bases))} of {len(rows)}"
-            out.append(f"| {sampler} | {wins / n:.3f} [{lo:.2f}-{hi:.2f}] | {diff} | {above} | {n} |")
-    return out
 
 
 def main() -> None:
@@ -1390,8 +761,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=200, help="PPO iterations (the quickstart_ppo preset's length)")
     p.add_argument("--eval_every", type=int, default=20,
                    help="prm: evaluate every this many iterations (20 of 200: an evaluation falls on 60%% of the sparse "
-                        "run's env steps, the target's line; 25, the default before session 42, put the last one "
-                        "at or under the line at 50%%)")
+                        "run's env steps, the target's line)")
     p.add_argument("--prm_weight", type=float, default=1.0)
     p.add_argument("--prm_anneal", type=float, default=None,
                    help="prm: the weight the prm term reaches at the run's last iteration, linearly from --prm_weight "
@@ -1400,8 +770,7 @@ def main() -> None:
                    help="prm: the fraction of the run's iterations by which --prm_anneal's weight is reached, and kept "
                         "from then on (reward.anneal_end; other than 1 names the mixed run -e<fraction>)")
     p.add_argument("--lr_actor", type=float, default=None,
-                   help="prm: both runs' PPO actor step (default: the quickstart_ppo preset's); names their folders, "
-                        "and the PRM run is also read against the preset's sparse runs under --out")
+                   help="prm: both runs' PPO actor step (default: the quickstart_ppo preset's); names their folders")
     p.add_argument("--ema", type=float, default=0.0,
                    help="prm: both runs evaluate (and checkpoint) this moving average of their weights (--eval.ema; "
                         "0: the weights as trained); names their folders -ema<decay>")
@@ -1456,39 +825,22 @@ def main() -> None:
     p.add_argument("--check_every", type=int, default=50,
                    help="with --start_success: imitation steps between its success checks (the first after twice as "
                         "many)")
-    p.add_argument("--tag", default="",
-                   help="file this run's rows under '<part> (TAG)' in rewards.json (a variant of a part's settings), "
-                        "not the part's own section")
     p.add_argument("--out", default="runs/bench-rewards", help="models and runs go here")
-    p.add_argument("--reeval", default="", metavar="SECTION",
-                   help="run nothing new: re-evaluate the final policies of the curriculum section SECTION of "
-                        "rewards.json (its run folders under --out) on --reeval_per_task episodes of every task, "
-                        "keeping each episode's outcome so the samplers pair up episode by episode; then stop")
+    p.add_argument("--reeval", action="store_true",
+                   help="run nothing new: evaluate the --samplers' finished curriculum runs under --out again on "
+                        "--reeval_per_task episodes of every task, read against uniform episode by episode")
     p.add_argument("--reeval_per_task", type=int, default=100, help="--reeval: held-out episodes per task")
-    p.add_argument("--render", type=Path, default=None,
-                   help="write the tables of every part in rewards.json into this file's learned-rewards section "
-                        "(docs/benchmarks.md) and each curriculum section's plot into docs/img/curriculum*.png, then "
-                        "stop")
-    args = p.parse_args()
-    if args.render is not None:
-        results = json.loads(RESULTS.read_text())
-        for key in curriculum_keys(results):
-            if has_curves(results[key]):
-                plot_curriculum(results[key], ROOT / "docs" / "img" / plot_name(key))
-        for key in prm_keys(results):
-            plot_prm(results[key], ROOT / "docs" / "img" / plot_name(key))
-        for key in replicate_keys(results):
-            plot_prm(results[key], ROOT / "docs" / "img" / plot_name(key), REPLICATE_CURVES)
-        write_section(args.render, "## Learned rewards (issue 19)", render(results))
-        return
+    args = harness.add_output_args(p).parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     out = Path(args.out)
     start = Start(args.env, args.demos, args.sft_steps, args.start_success, args.check_every)
     if args.reeval:
-        reevaluate(args.reeval, out, args.seeds, args.reeval_per_task)
+        rows = reevaluate(out, args.seeds, args.samplers, args.curriculum_iterations, args.reeval_per_task)
+        harness.publish("learned_rewards_reeval", args, table("reeval", rows), rows=rows)
         return
     for part in args.parts:
+        rows = []
         for seed in args.seeds:
             t0 = time.perf_counter()
             if part == "classifier":
@@ -1522,18 +874,11 @@ def main() -> None:
                 print(f"{part} seed {seed}: {' and '.join(args.arms)} finished", flush=True)
                 continue
             row["wall_s"] = time.perf_counter() - t0
-            results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # other parts may run alongside
-            key = part if args.classifier == "classifier" or part not in CLASSIFIER_PARTS else f"{part} ({args.classifier})"
-            key = f"{part} ({args.tag})" if args.tag else key
-            section = results.setdefault(key, {"seeds": {}})
-            section["seeds"][str(seed)] = row
-            section["conditions"] = {
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "torch": torch.__version__,
-                "load_average_at_end": os.getloadavg()[0], "omp_threads": os.environ.get("OMP_NUM_THREADS"),
-                "date": time.strftime("%Y-%m-%d"), "args": vars(args),
-            }
-            write_json(RESULTS, results)
+            rows.append(row)
             print(json.dumps({part: row}, default=str)[:600], flush=True)
+        if rows:
+            harness.publish(f"learned_rewards_{part.replace('-', '_')}", args, table(part, rows), rows=rows,
+                            summary={"load_average_at_end": os.getloadavg()[0]})
 
 
 def sampler_fields(args: argparse.Namespace) -> dict[str, Any] | None:
