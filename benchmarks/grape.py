@@ -117,7 +117,7 @@ def with_demos(seed: int, base: Path, pretrained: str, extra: list[str], policy:
     if "--tpo.demo_bc" not in extra or "--tpo.demos" in extra:
         return extra
     from vla_rl.commands.quickstart import QuickstartConfig, _demo_root
-    from vla_rl.sft import pretraining_dataset
+    from vla_rl.algorithms.sft import pretraining_dataset
 
     if policy is not None and pretraining_dataset(policy):
         return extra

@@ -572,7 +572,7 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
     ``quickstart_ppo``: Flow-SDE PPO, the learner VLA-RL's curriculum was made for)."""
     from vla_rl.commands.quickstart import _quickstart_env
     from vla_rl.curriculum import TaskSamplingConfig
-    from vla_rl.sft import SFTConfig
+    from vla_rl.algorithms.sft import SFTConfig
 
     t0 = time.perf_counter()
     rows: dict[str, Any] = {}

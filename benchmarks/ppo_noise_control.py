@@ -1,11 +1,11 @@
 """Is sparse PPO's update better than noise? Sparse-reward PPO from the weak starts against a noise control.
 
-Issue 19's process-reward comparisons (``benchmarks/learned_rewards.py --parts prm --start_success 0.15``) found
-sparse PPO ending below its start on 3 of 8 runs, and at a 3.3x actor step (1e-4) on every seed, where PPO with the
-PRM's dense reward mostly did not. This benchmark asks what those collapses are. Each variant is the ``prm`` part's
-sparse run (``quickstart_ppo``'s PPO on ``{success: 1.0}``, the same pre-trained start per seed, the same 400
-held-out episodes) with one change:
+From weak starts (imitation stopped at 0.15 success) sparse PPO often ends below its start, and at a 3.3x actor
+step (1e-4) on every seed. This benchmark asks what those collapses are. Each variant is the sparse run of
+``benchmarks/learned_rewards.py --parts prm --start_success 0.15`` (``quickstart_ppo``'s PPO on
+``{success: 1.0}``, the same pre-trained start per seed, the same 400 held-out episodes) with one change:
 
+- ``preset``: no change, the sparse run itself (the reference the others are read against);
 - ``shuffled``: every rollout's advantages are permuted among its valid decisions before the update (a fixed
   generator per iteration). The update keeps its size, its clipping and its critic, but carries no
   information about which decision did well: the noise control;
@@ -16,24 +16,15 @@ held-out episodes) with one change:
 - ``shuffled-no-norm``: the noise control of ``no-norm`` (both changes), the drift its update size causes;
 - ``warmup-20``: ``algo.critic_warmup_iters 20`` (the preset's 3), a critic fitted longer before the actor moves;
 - ``zero-start``: ``policy.sampler.explore_noise zero``, exploring around the chain evaluation runs;
-- ``preset``: no change, the ``real`` run itself, for an actor step (``--lr_actor``) the rewards.json sections
-  have no run at;
 - ``batch-2x``: twice the decisions per update (64 envs, minibatch 384) for half the iterations: the same env
   steps in half the Adam steps, each on twice the decisions.
 
-The preset's own sparse runs (``real``) are not run again: training is deterministic given the seed, and their
-curves are read from ``benchmarks/results/rewards.json`` (the sections of sessions 57 and 58, which hold the runs of
-sessions 54-58; the PRM + success runs of the same sections are shown beside them).
-
-    python benchmarks/ppo_noise_control.py --variants shuffled no-norm warmup-20 zero-start --lr_actor 1e-4 \
-        --iterations 80 --seeds 0 1 --out runs/noise-control
-    python benchmarks/ppo_noise_control.py --variants shuffled --iterations 200 --seeds 0 1 --out runs/noise-control
-    python benchmarks/ppo_noise_control.py --render docs/benchmarks.md
+    python benchmarks/ppo_noise_control.py --variants preset shuffled --iterations 200 --seeds 0 1 \\
+        --out runs/noise-control
 
 Runs are written under ``--out`` (``<variant>-lr<step>-it<iterations>-s<seed>``; the seed's pre-trained start in
 ``pretrained-s<seed>``, the same as ``learned_rewards.py --start_success 0.15`` makes); a finished run is read, not
-run again. Numbers go to ``benchmarks/results/ppo_noise_control.json`` and the table to ``docs/benchmarks.md``
-("Sparse PPO against a noise control").
+run again. Published by ``benchmarks/harness.py``, the plot beside the page (``img/ppo_noise_control.png``).
 """
 
 from __future__ import annotations
@@ -43,28 +34,17 @@ import contextlib
 import dataclasses
 import json
 import os
-import platform
-import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import harness
+import learned_rewards as lr
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
-
-import learned_rewards as lr  # noqa: E402
-from bench_report import write_json, write_section  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "ppo_noise_control.json"
-SECTION = "## Sparse PPO against a noise control (issue 19)"
-PLOT = ROOT / "docs" / "img" / "ppo_noise_control.png"
 START = 0.15
-"""The weak starts of issue 19's sessions 54-59 (``learned_rewards.Start(success=0.15)``)."""
+"""The weak starts (``learned_rewards.Start(success=0.15)``)."""
 STEPS_PER_ITERATION = 768
 """Env steps of one ``quickstart_ppo`` iteration (32 envs x 6 decisions x 4-step chunks)."""
 
@@ -85,7 +65,7 @@ class Variant:
 
 
 VARIANTS = {
-    "preset": Variant("no change: the preset's sparse run, at --lr_actor (for a step no rewards.json run has)"),
+    "preset": Variant("no change: the preset's sparse run, at --lr_actor"),
     "shuffled": Variant("advantages permuted among each rollout's decisions (noise control)", advantages="shuffle"),
     "success-gated": Variant("no actor signal from a rollout without a success", advantages="gate"),
     "no-norm": Variant("algo.normalize_advantages false", algo={"normalize_advantages": False}),
@@ -96,15 +76,6 @@ VARIANTS = {
     "batch-2x": Variant("64 envs, algo.minibatch_size 384, half the iterations", algo={"minibatch_size": 384},
                         batch=2),
 }
-REFERENCE_SECTIONS = {
-    3e-5: ["prm-replicate (start 0.15, two runs per arm, session 57)"],
-    1e-4: ["prm (start 0.15, actor step 1e-4, progress-v3, milestone, w 0.5 annealed to 0, session 58)"],
-}
-"""rewards.json sections whose runs (same starts, same held-out episodes) are this benchmark's ``real`` rows."""
-REFERENCE_CURVES = (("real", "sparse_curve"), ("real", "a_curve"), ("real B", "b_curve"),
-                    ("PRM + success", "mixed_curve"), ("PRM + success B", "mixed_b_curve"))
-
-
 def shuffle_within(adv: torch.Tensor, mask: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """``adv`` with its valid entries (``mask``) permuted among themselves; invalid entries unchanged."""
     idx = mask.flatten().nonzero().flatten()
@@ -146,11 +117,6 @@ def patched_advantages(kind: str) -> Iterator[None]:
         PPOLearner.advantages = original
 
 
-def _key(row: dict[str, Any]) -> tuple[str, int, float, int]:
-    """What identifies a results row: variant, seed, actor step, iterations."""
-    return row["variant"], row["seed"], row["lr_actor"], row["iterations"]
-
-
 def run_dir(out: Path, variant: str, lr_actor: float, iterations: int, seed: int) -> Path:
     return out / f"{variant}-lr{lr_actor:g}-it{iterations}-s{seed}"
 
@@ -188,74 +154,38 @@ def run_variant(name: str, seed: int, lr_actor: float, iterations: int, eval_eve
             "read_s": time.perf_counter() - t0, "run": str(run)}
 
 
-def reference_rows(rewards: dict[str, Any], lr_actor: float, iterations: int, seeds: set[int]) -> list[dict[str, Any]]:
-    """The ``real`` (and PRM + success) curves of ``seeds`` at ``lr_actor`` from rewards.json, cut to the env steps
-    of ``iterations`` (:data:`STEPS_PER_ITERATION` each)."""
-    rows = []
-    for key in REFERENCE_SECTIONS.get(lr_actor, []):
-        for seed, r in sorted(rewards.get(key, {}).get("seeds", {}).items()):
-            if int(seed) not in seeds:
-                continue
-            done = set()
-            for label, field in REFERENCE_CURVES:
-                if r.get(field) and label not in done:
-                    done.add(label)
-                    steps = iterations * STEPS_PER_ITERATION
-                    rows.append({"variant": label, "seed": int(seed), "lr_actor": lr_actor, "iterations": iterations,
-                                 "curve": [c for c in r[field] if c[0] <= steps], "source": key})
-    return rows
-
-
 def _f(v: float | None, fmt: str = ".3f") -> str:
     return "-" if v is None else format(v, fmt)
-
-
-def _source(row: dict[str, Any]) -> str:
-    """Where a row's runs are: this benchmark, or the rewards.json section (by its session) it was read from."""
-    if "source" not in row:
-        return "this benchmark"
-    session = re.search(r"session \d+", row["source"])
-    return f"rewards.json, {session.group(0) if session else row['source']}"
 
 
 def _curve(curve: list[list[float]]) -> str:
     return " / ".join(f"{c[1]:.3f}" for c in curve)
 
 
-def render(result: dict[str, Any]) -> str:
-    """The section's tables from the results file: per actor step and run length, one row per run."""
+def render(rows: list[dict[str, Any]], iterations: int) -> str:
+    """What the rows are, and the table: one row per variant and seed."""
     lines = [
-        "`python benchmarks/ppo_noise_control.py` (module doc): the sparse run of issue 19's `prm` part from the weak",
-        f"starts (`--start_success {START}`), `quickstart_ppo`'s PPO on `{{success: 1.0}}`, with one change per row.",
-        "Held-out success on the same 400 episodes every 40 iterations (30,720 env steps). `real` and `PRM +",
-        "success` rows are read from `benchmarks/results/rewards.json` (the session of their section is named);",
-        "training is deterministic given the seed, so they are the runs the variants differ from. Rollout success is",
-        "the exploring policy's, mean over iterations 21-40 and the last 20 (their env steps in a `batch-2x` run). "
-        + result.get("conditions", {}).get("machine", "") + ".",
+        f"The sparse run from the weak starts (`--start_success {START}`), `quickstart_ppo`'s PPO on "
+        f"`{{success: 1.0}}`, {iterations} iterations ({iterations * STEPS_PER_ITERATION:,} env steps), with one "
+        "change per row (the script's doc). Held-out success on the same 400 episodes at each evaluation; rollout "
+        "success is the exploring policy's, mean over iterations 21-40 and the last 20.",
         "",
-        f"![held-out success per variant](img/{PLOT.name})",
+        "![held-out success per variant](img/ppo_noise_control.png)",
         "",
+        "| variant | actor step | seed | held-out success at each evaluation | final [95% CI] "
+        "| rollout success it 21-40 / last 20 | approx KL | wall s |",
+        "|---|---:|---:|---|---|---|---:|---:|",
     ]
-    groups: dict[tuple[float, int], list[dict[str, Any]]] = {}
-    for row in result.get("runs", []):
-        groups.setdefault((row["lr_actor"], row["iterations"]), []).append(row)
-    for (step, its), rows in sorted(groups.items()):
-        lines += [f"**Actor step {step:g}, {its} iterations ({its * STEPS_PER_ITERATION:,} env steps).**", "",
-                  "| variant | seed | held-out success at 0 / 30,720 / ... env steps | final [95% CI] "
-                  "| rollout success it 21-40 / last 20 | approx KL | wall s | source |",
-                  "|---|---:|---|---|---|---:|---:|---|"]
-        for r in sorted(rows, key=lambda r: (r["seed"], "source" not in r, r["variant"])):
-            ci = f" {lr._ci(r['final_ci'])}" if r.get("final_ci") else ""
-            roll = (f"{_f(r.get('rollout_success_21_40'))} / {_f(r.get('rollout_success_last_20'))}"
-                    if "rollout_success_21_40" in r else "-")
-            lines.append(f"| {r['variant']} | {r['seed']} | {_curve(r['curve'])} | {r['curve'][-1][1]:.3f}{ci} "
-                         f"| {roll} | {_f(r.get('approx_kl'), '.1e')} | {_f(r.get('wall_s'), '.0f')} "
-                         f"| {_source(r)} |")
-        lines.append("")
+    for r in sorted(rows, key=lambda r: (r["seed"], r["variant"])):
+        lo, hi = r["final_ci"]
+        lines.append(f"| {r['variant']} | {r['lr_actor']:g} | {r['seed']} | {_curve(r['curve'])} "
+                     f"| {r['curve'][-1][1]:.3f} [{lo:.2f}-{hi:.2f}] "
+                     f"| {_f(r['rollout_success_21_40'])} / {_f(r['rollout_success_last_20'])} "
+                     f"| {_f(r['approx_kl'], '.1e')} | {_f(r['wall_s'], '.0f')} |")
     return "\n".join(lines)
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Held-out success against env steps, one panel per (actor step, seed), one line per variant."""
     import matplotlib
 
@@ -263,7 +193,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels: dict[tuple[float, int], list[dict[str, Any]]] = {}
-    for row in result.get("runs", []):
+    for row in rows:
         panels.setdefault((row["lr_actor"], row["seed"]), []).append(row)
     keys = sorted(panels)
     names = sorted({r["variant"] for rows in panels.values() for r in rows})
@@ -273,8 +203,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False, sharey=True)
     for ax, key in zip(axes[0], keys):
         for r in sorted(panels[key], key=lambda r: r["variant"]):
-            ls = "--" if "source" in r else "-"
-            ax.plot([c[0] / 1e3 for c in r["curve"]], [c[1] for c in r["curve"]], ls=ls, marker="o", ms=3, lw=1.2,
+            ax.plot([c[0] / 1e3 for c in r["curve"]], [c[1] for c in r["curve"]], marker="o", ms=3, lw=1.2,
                     color=color[r["variant"]], label=r["variant"])
         ax.set_title(f"actor step {key[0]:g}, seed {key[1]}", fontsize=9)
         ax.set_xlabel("env steps (k)")
@@ -290,35 +219,23 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", default=["shuffled"], choices=sorted(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=["preset", "shuffled"], choices=sorted(VARIANTS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--lr_actor", type=float, default=None, help="PPO actor step (default: the preset's)")
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--eval_every", type=int, default=40)
     p.add_argument("--out", default="runs/noise-control", help="run folders go here")
-    p.add_argument("--render", type=Path, default=None, help="write the section into this file and the plot, then stop")
-    args = p.parse_args()
-    result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}
-    if args.render is not None:
-        plot(result, PLOT)
-        write_section(args.render, SECTION, render(result))
-        return
+    args = harness.add_output_args(p).parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     step = args.lr_actor if args.lr_actor is not None else lr.preset_lr_actor()
+    rows = []
     for name in args.variants:
         for seed in args.seeds:
-            row = run_variant(name, seed, step, args.iterations, args.eval_every, Path(args.out))
-            result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}  # others may write too
-            result["runs"] = [r for r in result["runs"] if "source" in r or _key(r) != _key(row)] + [row]
-            rewards = json.loads(lr.RESULTS.read_text()) if lr.RESULTS.exists() else {}
-            have = {_key(r) for r in result["runs"] if "source" in r}
-            result["runs"] += [r for r in reference_rows(rewards, step, args.iterations, {seed}) if _key(r) not in have]
-            result["conditions"] = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-                                    "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-                                    "load_average_at_end": os.getloadavg()[0]}
-            write_json(RESULTS, result)
-            print(json.dumps(row)[:400], flush=True)
+            rows.append(run_variant(name, seed, step, args.iterations, args.eval_every, Path(args.out)))
+            print(json.dumps(rows[-1])[:400], flush=True)
+    plot(rows, Path(args.page).parent / "img" / "ppo_noise_control.png")
+    harness.publish("ppo_noise_control", args, render(rows, args.iterations), rows=rows)
 
 
 if __name__ == "__main__":
