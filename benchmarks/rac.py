@@ -1,12 +1,11 @@
 """RaC vs more demos vs DAgger-style corrections at equal operator steps, on ``mujoco/pick-place-stack``.
 
     OMP_NUM_THREADS=1 python benchmarks/rac.py [--seeds 0 1 2] [--eval-episodes 400] [--budget 3600]
-        [--write docs/benchmarks.md]
 
 Per seed, from one pre-trained policy, the quickstart's recipe on this task (``vla-rl quickstart --env.id
 mujoco/pick-place-stack --iterations 0``: the compact flow policy on the front and wrist cameras, pre-trained on
-``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``, 6000: at 3000, the recipe until session 28, the
-arms mostly made up for under-training; docs/benchmarks.md, "RaC: reading"), the first three arms spend the same operator budget
+``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``, 6000: at 3000 the arms mostly made up for
+under-training), the first three arms spend the same operator budget
 (``--budget`` env steps controlled by the operator; the demos arm as expert episodes, the last one cut at the budget) and the same number
 of gradient steps:
 
@@ -17,7 +16,7 @@ of gradient steps:
 - ``dagger``: the same with ``operator.recover=False`` (corrections without recovery);
 - ``demos``: the budget spent on full scripted-expert episodes (the last one cut where the budget ends), fine-tuned
   the same way (the new demos in place of the intervention data);
-- ``rac_third``: RaC rounds on a third of the budget (the issue's other test: RaC matching the demos arm with at
+- ``rac_third``: RaC rounds on a third of the budget (the other test: RaC matching the demos arm with at
   most a third of its operator steps), the same gradient steps.
 
 Asked for with ``--arms`` (not run by default), two controls: ``control``, the same gradient steps on the pre-training
@@ -28,7 +27,7 @@ fill half of every batch).
 With ``--draws N`` every arm is trained N times from the same pre-trained policy, each draw with its own
 collection and training seeds (draw 0 keeps the seeds of a single-draw run, so its results stay valid), and its
 success is pooled over the draws' N x ``--eval-episodes`` episodes: one draw of 1500 gradient steps moves an arm by
-as much as 0.1 (docs/benchmarks.md, "RaC: reading"), as much as the arms differ, so comparing data sources on one
+as much as 0.1, as much as the arms differ, so comparing data sources on one
 draw each compares training noise too.
 
 Each final policy (and the pre-trained one) is evaluated on ``--eval-episodes`` held-out episodes
@@ -38,13 +37,11 @@ manoeuvres are counted (:func:`vla_rl.intervention.operator.count_recoveries`): 
 recoveries per episode. The same episodes record the furthest task stage each reached, so the report says where a
 policy's failures stop (``reach`` .. ``stack``). Each arm's fine-tuned policy is kept in
 ``<work>/s<seed>/arms/<arm>/policy`` (loadable with :func:`policies.loading.load_policy`). A seed is published once
-the arms of one of the issue's tests are done (``rac``, ``dagger`` and ``demos``; or ``rac_third`` and ``demos``),
+the arms of one of the two tests are done (``rac``, ``dagger`` and ``demos``; or ``rac_third`` and ``demos``),
 with the arms every published seed has: a check on more seeds can run only the arms of one test. Seeds are pooled
 with equal weight; where every seed has two draws or more, a second interval counts the spread between draws too
-(:func:`draw_interval`). Results:
-``benchmarks/results/rac.json`` (per seed and arm: operator steps, success with interval, wall seconds) and the
-plot beside it, named after it (``benchmarks/results/rac_scaling.png``); ``--write`` replaces the section
-``## RaC`` of a markdown file.
+(:func:`draw_interval`). Published by ``benchmarks/harness.py`` (per seed and arm: operator steps, success with
+interval, wall seconds), the test-time scaling plot beside the page (``img/rac_scaling.png``).
 """
 
 from __future__ import annotations
@@ -56,7 +53,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -64,34 +60,29 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_report import write_json, write_section  # noqa: E402
-
-from policies.base import ActMode  # noqa: E402
-from policies.loading import load_policy  # noqa: E402
-from sim.mujoco_tasks.tasks import STAGES  # noqa: E402
-from vla_rl.algorithms.base import IterationInputs  # noqa: E402
-from vla_rl.algorithms.rac import RaCLearner, RaCLearnerConfig  # noqa: E402
-from vla_rl.data import check_inputs, collect_demos, dataset_spec, load_policy_chunks, policy_inputs  # noqa: E402
-from vla_rl.evaluation import evaluate_policy, wilson_interval  # noqa: E402
-from vla_rl.intervention.operator import CORRECT_FROM, OperatorConfig  # noqa: E402
-from vla_rl.intervention.session import PassiveController, run_session, tabletop_progress  # noqa: E402
-from vla_rl.config import EnvConfig  # noqa: E402
-from vla_rl.rollout import RolloutEngine  # noqa: E402
+from policies.base import ActMode
+from policies.loading import load_policy
+from sim.mujoco_tasks.tasks import STAGES
+from vla_rl.algorithms.base import IterationInputs
+from vla_rl.algorithms.rac import RaCLearner, RaCLearnerConfig
+from vla_rl.config import EnvConfig
+from vla_rl.data import check_inputs, collect_demos, dataset_spec, load_policy_chunks, policy_inputs
+from vla_rl.evaluation import evaluate_policy, wilson_interval
+from vla_rl.intervention.operator import CORRECT_FROM, OperatorConfig
+from vla_rl.intervention.session import PassiveController, run_session, tabletop_progress
+from vla_rl.rollout import RolloutEngine
 
 ENV_ID = "mujoco/pick-place-stack"
-SECTION = "## RaC: recovery and correction vs more demos vs DAgger"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = harness.ROOT
 EVAL_SEED = 9_000_000  # held-out episodes: far from demo, round and scaling seeds
 ARMS = ("rac", "dagger", "demos", "rac_third")
 CONTROLS = ("control", "demos_pooled")  # run only when asked for (--arms); reported when every seed has them
 ROUND_ARMS = ("rac", "dagger", "rac_third")
 ALL_ARMS = (*ARMS, *CONTROLS)
-# the issue's two tests and the arms each needs: a seed is published once the arms of one of them are done
+# the two tests and the arms each needs: a seed is published once the arms of one of them are done
 TESTS = {"equal": ("rac", "demos", "dagger"), "third": ("rac_third", "demos")}
 ARM_SETTINGS = ("budget", "rounds", "finetune_steps", "batch", "lr", "warmup", "ema", "envs", "reaction_delay",
                 "operator_noise", "correct_from", "eval_episodes")  # what an arm's result depends on
@@ -211,8 +202,7 @@ def alone(policy: Any, args: argparse.Namespace, seed: int) -> dict[str, list]:
     env.close()
     top = len(STAGES["sequence"])
     return {"recoveries": list(zip(stats.recoveries, stats.outcomes)),
-            "furthest_stage": [top if ok else f for f, ok in zip(stats.furthest, stats.outcomes)],
-            "scaling_rule": "share"}  # each env counts its share (run_session); unmarked rows: the first that ended
+            "furthest_stage": [top if ok else f for f, ok in zip(stats.furthest, stats.outcomes)]}
 
 
 def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -230,10 +220,10 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     kept = kept_row(base_file, args) if base_file.exists() else None
     if "base" in args.arms and kept is None:
         kept = {**evaluate(base, args, seed), "settings": settings(args)}
-        write_json(base_file, kept, indent=2)
+        _write_json(base_file, kept)
     elif "base" in args.arms and args.scaling_episodes and "furthest_stage" not in kept:
         kept.update(alone(base, args, seed))  # evaluated without (some of) the scaling episodes: add only those
-        write_json(base_file, kept, indent=2)
+        _write_json(base_file, kept)
     if kept is not None:
         out["base"] = kept
         print(f"seed {seed}: pre-trained success {kept['success']:.3f}", flush=True)
@@ -255,7 +245,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             row["wall_s"] = row["finetune_wall_s"] + row["eval_wall_s"]
             row["settings"] = settings(args)
             rows.append(row)
-            write_json(path, row, indent=2)
+            _write_json(path, row)
             print(f"seed {seed} {draw_name(arm, draw)}: operator steps {row['operator_steps']}, success "
                   f"{row['success']:.3f} [{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]", flush=True)
         if rows:
@@ -269,12 +259,11 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def kept_row(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """A finished arm's (or the base's) result, refused when it was made with other settings than asked for (a
-    rerun with ``--lr 3e-4`` in the same ``--work`` would otherwise report the old rate's arms). Results written
-    before settings were recorded are taken as they are."""
+    rerun with ``--lr 3e-4`` in the same ``--work`` would otherwise report the old rate's arms)."""
     row = json.loads(path.read_text())
-    made = row.get("settings", {})
+    made = row["settings"]
     keys = ARM_SETTINGS if "operator_steps" in row else ("envs", "eval_episodes")  # the base: its evaluation's
-    differ = [f"{k} {made[k]} (asked: {getattr(args, k)})" for k in keys if k in made and made[k] != getattr(args, k)]
+    differ = [f"{k} {made[k]} (asked: {getattr(args, k)})" for k in keys if made[k] != getattr(args, k)]
     if differ:
         raise SystemExit(f"{path}: made with " + ", ".join(differ) + "; pass those or another --work")
     return row
@@ -389,8 +378,8 @@ def report(summary: dict[str, Any]) -> str:
     a = summary["args"]
     most = max(n_draws(r[arm]) for r in summary["seeds"] for arm in summary["pooled"])
     lines = [
-        f"`python benchmarks/rac.py {summary['command']}` ({summary['wall_s'] / 60:.1f} min of fine-tuning and evaluation "
-        f"summed over the arms, which may run in several processes (`--arms`); {summary['conditions']}).",
+        f"{summary['wall_s'] / 60:.1f} min of fine-tuning and evaluation summed over the arms, which may run in "
+        "several processes (`--arms`); wall times are noisy on a shared machine.",
         "",
         f"Task `{ENV_ID}` (front and wrist cameras + proprioception), the quickstart's compact flow policy pre-trained "
         f"on {a['demos']} noisy expert demos for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
@@ -428,17 +417,13 @@ def report(summary: dict[str, Any]) -> str:
         lines.append(f"| {arm} | {p['success']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] | {p['episodes']}"
                      + (f" ({eff})" if eff != p["episodes"] else "") + " | "
                      + (f"[{over[0]:.3f}, {over[1]:.3f}]" if over else "-") + " |")
-    rows = [r[arm] for r in summary["seeds"] for arm in summary["pooled"] if r[arm].get("recoveries")]
-    old = sum(row.get("scaling_rule") != "share" for row in rows)
     lines += ["", "Test-time scaling (success by the number of recovery manoeuvres the policy itself makes per "
-              "episode, its own episodes without an operator; `k: successes/episodes`"
-              + (f"; {old} of {len(rows)} seed and arm rows counted the episodes that ended first, a rule that "
-                 "favours short, successful episodes, replaced in session 32" if old else "") + "):", ""]
+              "episode, its own episodes without an operator; `k: successes/episodes`):", ""]
     for arm, table in summary["scaling"].items():
         if not table:  # evaluated without scaling episodes
             continue
         lines.append(f"- {arm}: " + ", ".join(f"{k}: {v[0]}/{v[1]}" for k, v in table.items()))
-    lines += ["", f"![success vs recoveries](../benchmarks/results/{summary['plot']})", ""]
+    lines += ["", "![success vs recoveries](img/rac_scaling.png)", ""]
     lines += stage_table(summary)
     lines += [summary["verdict"]]
     return "\n".join(lines)
@@ -468,7 +453,7 @@ def stage_table(summary: dict[str, Any]) -> list[str]:
 
 
 def verdict(pool: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    """The issue's two tests on the pooled success, each where its arms were run on every seed: RaC above both
+    """The two tests on the pooled success, each where its arms were run on every seed: RaC above both
     other arms at equal operator steps, or RaC on a third of the budget at least as high as the demos arm on all
     of it; and on how many seeds each holds."""
     steps = {arm: sum(pool[arm]["operator_steps"]) for arm in pool if arm != "base"}
@@ -535,8 +520,8 @@ def main() -> None:
     ap.add_argument("--scaling-episodes", type=int, default=200)
     ap.add_argument("--demos", type=int, default=100, help="expert demos of the pre-training (noisy, the quickstart's)")
     ap.add_argument("--pretrain-steps", type=int, default=6000)
-    ap.add_argument("--budget", type=int, default=3600, help="operator-controlled env steps per arm (1200 until "
-                    "session 30: too few for the data to show beyond the extra training; docs/benchmarks.md)")
+    ap.add_argument("--budget", type=int, default=3600, help="operator-controlled env steps per arm (1200 is too "
+                    "few for the data to show beyond the extra training)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--finetune-steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=64)
@@ -554,11 +539,9 @@ def main() -> None:
                     help="where the operator's corrections start (operator.correct_from)")
     ap.add_argument("--arms", nargs="+", default=["base", *ARMS], choices=["base", *ALL_ARMS],
                     help="arms this process runs (the others are read from the work folder when done there)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rac.json"))
-    ap.add_argument("--write", default="")
     ap.add_argument("--work", default="", help="folder of the runs (pre-training, demos, rounds; kept, so a second "
                     "run reuses the pre-trained policies); default runs/bench-rac-<time>")
-    args = ap.parse_args()
+    args = harness.add_output_args(ap).parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     results = []
@@ -572,29 +555,29 @@ def main() -> None:
                   "in another process (--arms) or on a second call", flush=True)
             continue
         results.append(result)
-        write_json(root / f"s{seed}" / "result.json", result, indent=2)  # the seed's summary
+        _write_json(root / f"s{seed}" / "result.json", result)  # the seed's summary
         publish(results, args, time.perf_counter() - t0)  # what is done so far survives a kill
 
 
 def publish(results: list[dict[str, Any]], args: argparse.Namespace, wall: float) -> None:
-    """Write ``--out``, the scaling plot beside it and (with ``--write``) the markdown section."""
+    """Publish the results and the scaling plot beside the page."""
     arms = ("base", *(a for a in ALL_ARMS if all(a in r for r in results)))  # those every seed has
     pool = {arm: pooled(results, arm) for arm in arms}
     summary = {
-        "command": " ".join(sys.argv[1:]), "args": vars(args), "seeds": results, "pooled": pool,
+        "args": {k: v for k, v in vars(args).items() if k not in ("results_dir", "page")}, "pooled": pool,
         "scaling": {arm: scaling(results, arm) for arm in arms}, "verdict": verdict(pool, results),
         "wall_s": sum(r["base"]["eval_wall_s"] + sum(r[a]["wall_s"] for a in arms[1:]) for r in results),
         "this_call_wall_s": wall,
-        "conditions": f"{platform.machine()}, {torch.get_num_threads()} torch thread, shared 2-CPU machine: wall "
-                      "times are noisy",
     }
-    out = Path(args.out)
-    summary["plot"] = f"{out.stem}_scaling.png"  # beside --out: rac.json -> rac_scaling.png
-    write_json(out, summary, indent=2)
-    plot(results, arms, out.parent / summary["plot"])
+    plot(results, arms, Path(args.page).parent / "img" / "rac_scaling.png")
     print(summary["verdict"])
-    if args.write:
-        write_section(Path(args.write), SECTION, report(summary))
+    harness.publish("rac", args, report({**summary, "seeds": results}), rows=results, summary=summary)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """``data`` as JSON at ``path`` (a kept arm or seed result in the work folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":
