@@ -1,8 +1,7 @@
 """GRAPE alignment (``vla-rl align``) from the quickstart's pre-trained policy, per objective, next to PPO.
 
     OMP_NUM_THREADS=1 python benchmarks/grape.py [--seeds 0 1 2] [--episodes 400] \\
-        [--objectives task safety efficiency] [--pretrained DIR_WITH_{seed}] [--write docs/benchmarks.md] \\
-        [--ppo true] [--merge] [-- ALIGN ARGS]
+        [--objectives task safety efficiency] [--pretrained DIR_WITH_{seed}] [--ppo true] [-- ALIGN ARGS]
 
 Every command runs in its own process, in run folders under ``--runs``:
 
@@ -20,19 +19,11 @@ Align arguments after ``--`` go to every ``vla-rl align`` run, ``{seed}`` replac
 ``--tpo.demo_bc W`` and no ``--tpo.demos``, each run imitates its own seed's pre-training demos (the quickstart's demo
 cache for that seed).
 
-Targets (issue 17): ``task``: success after >= before + 0.15 per seed; ``safety``: collision rate down by >=
+Targets: ``task``: success after >= before + 0.15 per seed; ``safety``: collision rate down by >=
 40% relative with success not below the before interval; ``efficiency``: mean steps of successful episodes
 down by >= 10% with success not below the before interval (the efficiency row also shows those steps on the
-states solved before and after, a diagnostic). Writes ``benchmarks/results/grape.json`` and, with
-``--write FILE``, the section ``## GRAPE alignment`` of that markdown file.
-
-``--rescore --runs DIR [--seeds ...] [--objectives ...]`` runs no alignment: it re-evaluates the starting and
-final policies of finished runs whose reports predate per-episode records, adds the records and re-derives
-those rows of ``grape.json``.
-
-``--render [--results FILE] [--write FILE]`` runs nothing: it re-writes the ``## GRAPE alignment`` section (default
-of ``docs/benchmarks.md``) from a results file, e.g. one assembled from several sessions' rows, whose ``command``
-and ``conditions`` then say how they were measured.
+states solved before and after, a diagnostic). Published by ``benchmarks/harness.py`` after every run, so what is
+done survives a kill.
 """
 
 from __future__ import annotations
@@ -41,7 +32,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -49,15 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_report import split_passthrough, write_json, write_section  # noqa: E402
-
-SECTION = "## GRAPE alignment"
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "grape.json"
+ROOT = harness.ROOT
 PPO_STEPS_PER_ITER = 32 * 6 * 4  # the quickstart's PPO: 32 envs x 6 decisions x 4-step chunks
 OBJECTIVES = ("task", "safety", "efficiency")  # the presets configs/align_<objective>.yaml, in table order
 
@@ -106,8 +91,8 @@ def pretrain(seed: int, base: Path, extra: list[str], template: str = "") -> tup
 
 def with_demos(seed: int, base: Path, pretrained: str, extra: list[str], policy: Path | None = None) -> list[str]:
     """``extra`` plus ``--tpo.demos <the seed's pre-training demos>`` when it asks for ``--tpo.demo_bc`` without
-    naming demos and the ``policy`` folder records none (``vla-rl align`` reads its ``sft.json`` itself; policies
-    pre-trained before the quickstart wrote it do not): the quickstart's demo cache for ``seed`` (its default one for
+    naming demos and the ``policy`` folder records none (``vla-rl align`` reads its ``sft.json`` itself): the
+    quickstart's demo cache for ``seed`` (its default one for
     a ``--pretrained`` policy, this benchmark's own when it pre-trained). ``{seed}`` in any argument is replaced.
 
     Raises:
@@ -191,7 +176,7 @@ def success_kept(after: float, before_ci: list[float]) -> bool:
 
 
 def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
-    """Whether the run meets issue 17's target for ``objective``, and the measured quantity."""
+    """Whether the run meets the target for ``objective``, and the measured quantity."""
     from vla_rl.grape.report import collisions_by_outcome, shared_success_steps
 
     b, a = r["before"], r["after"]
@@ -213,7 +198,7 @@ def targets(objective: str, r: dict[str, Any]) -> tuple[bool, str]:
     rel = (sa - sb) / sb
     what = f"steps of successes {sb:.1f} -> {sa:.1f} ({rel:+.0%})"
     states, pb, pa = shared_success_steps(b, a)
-    if states:  # a diagnostic beside the issue's measure, which the verdict keeps
+    if states:  # a diagnostic beside the target's measure, which the verdict keeps
         what += f"; on the {states} states solved before and after {pb:.1f} -> {pa:.1f} ({(pa - pb) / pb:+.0%})"
     return (rel <= -0.10 and kept), what
 
@@ -248,8 +233,7 @@ def table(rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]]) -> st
         cr = (f"{r['collision_rate_before']:.3f} -> {r['collision_rate_after']:.3f}"
               if r["collision_rate_before"] is not None else "-")
         st = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        objective = r["objective"] + (f" ({r['recipe']})" if r.get("recipe") else "")  # an earlier preset's row
-        lines.append(f"| {r['seed']} | {objective} | {r['success_before']:.2f} [{ci(r['success_before_ci'])}] | "
+        lines.append(f"| {r['seed']} | {r['objective']} | {r['success_before']:.2f} [{ci(r['success_before_ci'])}] | "
                      f"{r['success_after']:.2f} [{ci(r['success_after_ci'])}] | {cr} | "
                      f"{st(r['mean_steps_success_before'])} -> {st(r['mean_steps_success_after'])} | {r['env_steps']} | "
                      f"{r['wall_seconds']:.0f} | {verdict(r)} | {r['measured']} |")
@@ -266,7 +250,7 @@ def table(rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]]) -> st
 
 
 def main() -> None:
-    argv, extra = split_passthrough(sys.argv[1:])
+    argv, extra = harness.split_passthrough(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=400, help="held-out episodes per evaluation")
@@ -277,24 +261,8 @@ def main() -> None:
     parser.add_argument("--pretrained", default="", help="existing pre-trained policy folder per seed, '{seed}' "
                         "replaced (e.g. runs/quickstart-mujoco-pick-any-s{seed}/sft_policy); default: pre-train")
     parser.add_argument("--runs", type=Path, default=None, help="parent folder of the run folders (default: new)")
-    parser.add_argument("--write", type=Path, default=None, help="markdown file whose section to replace")
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--merge", action="store_true", help="keep the rows of --results for the seeds and "
-                        "objectives this run does not measure (a benchmark run in parts); default: replace the file")
-    parser.add_argument("--rescore", action="store_true", help="run nothing new: add per-episode records to the "
-                        "finished runs under --runs whose reports lack them (re-evaluating their starting and final "
-                        "policies), then re-derive the rows of --results for --seeds / --objectives")
-    parser.add_argument("--render", action="store_true", help="run nothing: re-write the markdown section of "
-                        "--write (default docs/benchmarks.md) from --results")
-    args = parser.parse_args(argv)
+    args = harness.add_output_args(parser).parse_args(argv)
     torch.set_num_threads(1)
-    if args.render:
-        result = json.loads(args.results.read_text())
-        write_section(args.write or ROOT / "docs" / "benchmarks.md", SECTION, section(result))
-        return
-    if args.rescore:
-        rescore(args)
-        return
     runs = args.runs or ROOT / "runs" / f"bench-grape-{time.strftime('%Y%m%d-%H%M%S')}"
     pre_extra = args.pretrain_args.split()
     rows, ppo_rows, pre_walls = [], {}, {}
@@ -316,84 +284,24 @@ def main() -> None:
                 publish(args, rows, ppo_rows, pre_walls, extra, pre_extra)
 
 
-def rescore(args: argparse.Namespace) -> None:
-    """``--rescore``: per-episode records for finished runs (:func:`vla_rl.grape.rounds.evaluate_policy_folder`
-    on each run's starting policy and last checkpoint, with the run's own config), so that verdicts can use them
-    (the efficiency row's steps on states solved before and after). Evaluation is deterministic: a fresh
-    evaluation that does not reproduce the report's success stops the rescore. Rows keep their wall times."""
-    if args.runs is None or not args.results.exists():
-        raise SystemExit("--rescore needs --runs (the run folders) and an existing --results file")
-    old = json.loads(args.results.read_text())
-    for r in old["runs"]:
-        if r["seed"] not in args.seeds or r["objective"] not in args.objectives:
-            continue
-        run_dir = args.runs / f"seed{r['seed']}" / f"align-{r['objective']}"
-        report = json.loads((run_dir / "report.json").read_text())
-        last = last_checkpoint(run_dir)
-        for side, policy in (("before", report["policy"]), ("after", last / "policy")):
-            if "per_episode" in report[side]:
-                continue
-            ev = evaluate_as_run(last, Path(policy), report[side]["episodes"])
-            if abs(ev["success"] - report[side]["success"]) > 1e-9:
-                raise RuntimeError(f"{run_dir} {side}: re-evaluated success {ev['success']} is not the report's "
-                                   f"{report[side]['success']}: not the same evaluation, per-episode records not added")
-            report[side]["per_episode"] = ev["per_episode"]
-            write_json(run_dir / "report.json", report, indent=2)
-        new = row(r["seed"], r["objective"], {**report, "wall": r["wall_seconds"]})
-        r.update(target_met=new["target_met"], measured=new["measured"])
-        print(f"seed {r['seed']} {r['objective']}: {r['measured']}", flush=True)
-    args.episodes = old["episodes"]
-    publish(args, old["runs"], {int(k): v for k, v in old.get("ppo", {}).items()},
-            {int(k): v for k, v in old.get("pretrain_wall_seconds", {}).items()}, old.get("align_args", []),
-            old.get("pretrain_args", []), command=old.get("command"), conditions=old.get("conditions"))
-
-
 def publish(args: argparse.Namespace, rows: list[dict[str, Any]], ppo_rows: dict[int, dict[str, Any]],
-            pre_walls: dict[int, float], extra: list[str], pre_extra: list[str], command: str | None = None,
-            conditions: str | None = None) -> None:
-    """Write ``grape.json`` and (with ``--write``) the markdown section from the runs finished so far;
-    ``command`` / ``conditions``: the benchmark command and machine of the rows (default: this run's)."""
-    cmd = command or " ".join(["python benchmarks/grape.py", *sys.argv[1:]])
-    if args.merge and args.results.exists():
-        old = json.loads(args.results.read_text())
-        mine = {(r["seed"], r["objective"]) for r in rows}
-        rows = sorted([r for r in old.get("runs", []) if (r["seed"], r["objective"]) not in mine] + rows,
-                      key=lambda r: (OBJECTIVES.index(r["objective"]), r["seed"]))
-        ppo_rows = {**{int(k): v for k, v in old.get("ppo", {}).items()}, **ppo_rows}
-        pre_walls = {**{int(k): v for k, v in old.get("pretrain_wall_seconds", {}).items()}, **pre_walls}
-    conditions = conditions or (f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs, torch "
-                                f"{torch.__version__}, no GPU, OMP_NUM_THREADS=1, load average "
-                                f"{_load_average():.1f} at the end")
-    result = {"seeds": sorted({r["seed"] for r in rows}), "episodes": args.episodes,
-              "objectives": sorted({r["objective"] for r in rows}), "align_args": extra,
-              "pretrain_args": pre_extra, "pretrain_wall_seconds": pre_walls, "runs": rows, "ppo": ppo_rows,
-              "conditions": conditions, "command": cmd}
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.results, result, indent=2)
-    body = section(result)
-    print("\n" + body)
-    if args.write is not None:
-        write_section(args.write, SECTION, body)
-        print(f"\nwrote {args.write}")
-
-
-def section(result: dict[str, Any]) -> str:
-    """The markdown section of a ``grape.json`` (what :func:`publish` writes, and ``--render`` re-writes)."""
-    extra, rows = result["align_args"], result["runs"]
-    ppo_rows = {int(k): v for k, v in result.get("ppo", {}).items()}
+            pre_walls: dict[int, float], extra: list[str], pre_extra: list[str]) -> None:
+    """Publish the runs finished so far (``benchmarks/harness.py``)."""
     plus = f", plus {' '.join(extra)}" if extra else ""
     met = sum(r["target_met"] for r in rows)
-    return "\n".join([
-        f"`{result['command']}`: `vla-rl align` (presets `align_<objective>`{plus}) "
-        "from the quickstart's pre-trained policy on `mujoco/pick-any` (`vla-rl quickstart --iterations 0`), per seed "
-        f"and objective, evaluated on {result['episodes']} held-out episodes before and after (deterministic policy, "
-        "95% Wilson CI), and PPO with the quickstart's settings for the env steps of the task alignment. "
-        f"{result['conditions']}. Measurements on this shared machine are noisy; wall times are of each command alone "
-        "in its process.",
+    body = "\n".join([
+        f"`vla-rl align` (presets `align_<objective>`{plus}) from the quickstart's pre-trained policy on "
+        "`mujoco/pick-any` (`vla-rl quickstart --iterations 0`), per seed and objective, evaluated on "
+        f"{args.episodes} held-out episodes before and after (deterministic policy, 95% Wilson CI), and PPO with the "
+        "quickstart's settings for the env steps of the task alignment. Wall times are of each command alone in its "
+        f"process on a shared machine (load average {_load_average():.1f} at the end).",
         "", table(rows, ppo_rows), "",
-        f"Targets met: {met} of {len(rows)} runs. Numbers: `benchmarks/results/grape.json`; rendered by `python "
-        "benchmarks/grape.py --render`.",
+        f"Targets met: {met} of {len(rows)} runs.",
     ])
+    print("\n" + body)
+    harness.publish("grape", args, body, rows=rows,
+                    summary={"ppo": ppo_rows, "align_args": extra, "pretrain_args": pre_extra,
+                             "pretrain_wall_seconds": pre_walls, "episodes": args.episodes})
 
 
 if __name__ == "__main__":
