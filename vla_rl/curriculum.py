@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from vla_rl.hooks import Hook, IterationResult
+
 SAMPLERS = ("uniform", "curriculum", "progress", "balanced")
 
 
@@ -198,3 +200,30 @@ class TaskCurriculum:
         for i, name in enumerate(self.tasks):
             self.history[i].clear()
             self.history[i].extend(bool(x) for x in by_name.get(name, []))
+
+
+class CurriculumHook(Hook):
+    """The trainer's side of a :class:`TaskCurriculum`: before each iteration the training envs get its task
+    weights for their resets; after the update it observes every rank's ended episodes and logs its
+    ``task/<name>/*`` scalars; its state is checkpointed under ``"curriculum"``."""
+
+    name = "curriculum"
+
+    def __init__(self, curriculum: TaskCurriculum, env: Any) -> None:
+        self.curriculum = curriculum
+        self.env = env
+
+    def before_iteration(self, iteration: int) -> None:
+        self.env.schedule_tasks(weights=self.curriculum.weights())
+
+    def after_update(self, result: IterationResult) -> None:
+        if result.rollout is None:
+            return
+        self.curriculum.observe((e.task_index, e.success) for e in result.episodes)
+        result.scalars.update(self.curriculum.scalars())
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.curriculum.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.curriculum.load_state_dict(state)

@@ -3,7 +3,7 @@
 :class:`vla_rl.trainer.Trainer` runs one pipeline per iteration::
 
     before_iteration -> collect -> update -> after_update -> evaluate -> before_log -> log -> after_round
-    -> checkpoint
+    -> ends_run? -> checkpoint
 
 and calls every :class:`Hook` it was given at the points named above, in the order of its hook list. The task
 curriculum, reward annealing, the weight EMA (:mod:`vla_rl.ema`), reward traces (:mod:`vla_rl.reweigh`) and the
@@ -16,8 +16,8 @@ and handed back to :meth:`Hook.load_state_dict` when the run resumes.
 
 Rounds: a hook with :attr:`Hook.every` ``N`` sees :meth:`Hook.after_round` after iterations ``N, 2N, ...``
 (1-based), e.g. one GRAPE round per iteration (``N = 1``) or a reward trace every ``N`` iterations; a hook ends
-the run early by returning True from :meth:`Hook.ends_run` (the iteration it names is then evaluated and
-checkpointed as the last).
+the run early by returning True from :meth:`Hook.ends_run` after an iteration (which is then checkpointed, and
+evaluated when it was not, as the last), e.g. pre-training that stops at a success check.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from vla_rl.algorithms.base import Learner
     from vla_rl.distributed import Distributed
     from vla_rl.evaluation import EvalResult
-    from vla_rl.rollout import EpisodeRecord, RolloutEngine
+    from vla_rl.rollout import EpisodeRecord, Rollout, RolloutEngine
     from vla_rl.train_config import TrainConfig
 
 STAGES = ("collect", "update", "evaluate", "log", "checkpoint")
@@ -54,6 +54,7 @@ class RunContext:
         dist: the ranks of the run (:data:`vla_rl.distributed.SINGLE` in a one-process run).
         logger: the run's logger (``log(step, scalars)``, ``log_video``; a no-op on ranks other than 0).
         start_iteration: the first iteration this process runs (0, or where a resumed run goes on).
+        data: the offline dataset of a learner that trains on one (:attr:`Needs.DATASET`), else None.
     """
 
     cfg: TrainConfig
@@ -66,6 +67,7 @@ class RunContext:
     dist: Distributed
     logger: Any
     start_iteration: int
+    data: Any = None
 
 
 @dataclass
@@ -75,17 +77,19 @@ class IterationResult:
     Attributes:
         iteration: the iteration index (0-based); ``iteration + 1`` iterations are done after it.
         batch: what :meth:`Learner.collect` returned (a :class:`vla_rl.rollout.Rollout`, data batches, ...).
+        rollout: ``batch`` when it is a :class:`vla_rl.rollout.Rollout` (the learner stepped the envs), else None.
         scalars: the row to be logged; hooks add their own keys to it (``after_update``, ``before_log``).
         episodes: the episodes that ended in this iteration's collection, every rank's (empty for a learner that
             does not step the envs).
         env_steps: the run's env steps so far (all ranks), the step the row is logged at.
-        last: whether this is the run's last iteration.
+        last: whether this is the run's planned last iteration (``cfg.iterations``; a hook may end it earlier).
         evaluation: this iteration's evaluation (None when it did not evaluate); set before ``before_log``.
     """
 
     iteration: int
     batch: Any
     scalars: dict[str, float]
+    rollout: Rollout | None = None
     episodes: list[EpisodeRecord] = field(default_factory=list)
     env_steps: int = 0
     last: bool = False
@@ -108,8 +112,10 @@ class Hook:
         (the learner's, :meth:`load_state_dict`'s) is loaded, before the evaluation that precedes training."""
 
     def ends_run(self, iteration: int) -> bool:
-        """Asked before ``iteration`` (0-based) starts: True makes it the run's last (evaluated, checkpointed,
-        then the run ends) even before ``cfg.iterations``. Every rank must answer alike."""
+        """Asked after ``iteration`` (0-based) is logged and its rounds ran: True ends the run after it, before
+        ``cfg.iterations``: the iteration is checkpointed, and evaluated (logged on a row of its own) if it was not.
+        Every rank must answer alike. (A learner that defers an update to the next collection, ``filtered_bc`` with
+        ``algo.overlap``, loses that update when the run ends on an iteration that did not evaluate.)"""
         return False
 
     def before_iteration(self, iteration: int) -> None:
@@ -141,3 +147,23 @@ class Hook:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output: called on resume before :meth:`start`, when the checkpoint has this
         hook's key."""
+
+
+class RewardAnnealing(Hook):
+    """Moves the annealed reward weights (``reward.anneal``) to the iteration's progress ``iteration / iterations``
+    before it collects (a function of the iteration alone, so a resumed run anneals the same) and logs them as
+    ``reward/weight/<term>``."""
+
+    def __init__(self, terms: dict[str, float], iterations: int) -> None:
+        self.terms = terms
+        self.iterations = iterations
+        self.reward: Any = None
+
+    def start(self, run: RunContext) -> None:
+        self.reward = run.engine.reward
+
+    def before_iteration(self, iteration: int) -> None:
+        self.reward.set_progress(iteration / self.iterations)
+
+    def after_update(self, result: IterationResult) -> None:
+        result.scalars.update({f"reward/weight/{k}": w for k, w in self.reward.weights if k in self.terms})

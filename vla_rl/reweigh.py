@@ -26,6 +26,7 @@ from torch import Tensor
 from rewards import weighted_step_reward
 from vla_core.manifest import write_file_atomic
 from vla_rl.algorithms.advantages import normalize_advantages
+from vla_rl.hooks import Hook, IterationResult, RunContext
 from vla_rl.rollout import EpisodeRecord, Rollout
 
 TRACE_DIR = "reward_terms"
@@ -111,6 +112,26 @@ def save_reward_trace(rollout: Rollout, path: str | Path, algo: dict[str, Any],
     }
     write_file_atomic(path, lambda f: torch.save(data, f))
     return path
+
+
+class RewardTraces(Hook):
+    """Writes the rollout's reward trace every ``every`` iterations (``--reward.save_terms_every``) to
+    ``<folder>/iter_<k>.pt`` (:func:`save_reward_trace`; rank 0 alone, after the iteration's row is logged)."""
+
+    def __init__(self, folder: Path, every: int, algo: dict[str, Any]) -> None:
+        self.folder = folder
+        self.every = every
+        self.algo = algo
+        self.run: RunContext | None = None
+
+    def start(self, run: RunContext) -> None:
+        self.run = run
+
+    def after_round(self, round_index: int, result: IterationResult) -> None:
+        assert self.run is not None
+        if result.rollout is not None and self.run.dist.is_main:
+            save_reward_trace(result.rollout, self.folder / f"iter_{result.iteration + 1:06d}.pt", self.algo,
+                              self.run.engine.reward.weights)
 
 
 def load_reward_trace(path: str | Path) -> tuple[Rollout, dict[str, Any], list[tuple[str, float]]]:

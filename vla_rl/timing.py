@@ -3,17 +3,22 @@
 Every part of the loop times its own stages with one :class:`StageTimes` and hands the totals on:
 the rollout engine (``env``: waiting for the simulator, ``act``: the policy choosing chunks,
 ``value``: critic calls for bootstraps, ``reward``: reward terms and episode bookkeeping), the
-policy-gradient update (``advantages``, ``forward``, ``backward``, ``optimizer``) and the trainer
-(``eval``, ``log``, ``checkpoint``). :data:`BREAKDOWN` lists the scalars that partition an iteration,
-the stacked plot of the run report and the progress bar read them.
+policy-gradient update (``advantages``, ``forward``, ``backward``, ``optimizer``) and the trainer's
+pipeline stages, timed by the :class:`StageTimer` hook (``rollout``, ``update``, ``eval``, ``log``,
+``checkpoint``). :data:`BREAKDOWN` lists the scalars that partition an iteration, the stacked plot of
+the run report and the progress bar read them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from vla_rl.distributed import SINGLE, Distributed
+from vla_rl.hooks import Hook, IterationResult, RunContext
 
 # The scalars that add up to an iteration's wall time (``time/iteration_s``), in plotting order.
 BREAKDOWN = (
@@ -56,6 +61,10 @@ class StageTimes:
         """Add the seconds since :meth:`start` of ``name``."""
         self._totals[name] += time.perf_counter() - self._open.pop(name)
 
+    def total(self, name: str) -> float:
+        """The seconds of ``name`` since the last :meth:`take` (0 when it did not run)."""
+        return self._totals.get(name, 0.0)
+
     def take(self, prefix: str = "") -> dict[str, float]:
         """The totals since the last call, as ``{prefix + name + '_s': seconds}``; resets them."""
         out = {f"{prefix}{k}_s": v for k, v in self._totals.items()}
@@ -78,3 +87,47 @@ def time_summary(scalars: dict[str, float]) -> str:
         "ckpt": scalars.get("time/checkpoint_s"),
     }
     return " ".join(f"{k} {v:.1f}s" for k, v in parts.items() if v is not None and (v >= 0.05 or k in ("env", "upd")))
+
+
+class StageTimer(Hook):
+    """The trainer's ``time/*`` scalars: each pipeline stage's seconds, the rollout's and the update's own parts with
+    what they leave over (``time/*_other_s``), env steps per second, and the whole iteration's wall time.
+
+    Logging and checkpointing happen after an iteration's row is written, so their seconds are logged with the next
+    iteration's row. Per-rank seconds are averaged over the ranks, env steps per second added up.
+    """
+
+    def __init__(self) -> None:
+        self.times = StageTimes()
+        self.dist: Distributed = SINGLE
+        self._started = 0.0
+        self._carried: dict[str, float] = {}
+
+    def start(self, run: RunContext) -> None:
+        self.dist = run.dist
+
+    def before_iteration(self, iteration: int) -> None:
+        totals = self.times.take("time/")  # the previous row's log and checkpoint (or the first evaluation)
+        self._carried = {k: totals.get(k, 0.0) for k in ("time/log_s", "time/checkpoint_s")}
+        self._started = time.perf_counter()
+
+    def stage(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return self.times(name)
+
+    def after_update(self, result: IterationResult) -> None:
+        rollout_s, update_s = self.times.total("collect"), self.times.total("update")
+        parts = {k: v for k, v in result.scalars.items() if k.startswith("time/update_")}
+        own = {"time/rollout_s": rollout_s, "time/update_s": update_s,
+               **split_remainder(update_s, parts, "time/update_other_s")}
+        if result.rollout is not None:
+            own.update(split_remainder(rollout_s, result.rollout.times, "time/rollout_other_s"))
+            own["time/env_steps_per_s"] = result.rollout.env_steps / max(rollout_s, 1e-9)
+        else:  # a dataset learner: drawing its batch
+            own["time/rollout_other_s"] = rollout_s
+        result.scalars.update(self.dist.merge_scalars(own, summed=("time/env_steps_per_s",)))
+
+    def before_log(self, result: IterationResult) -> None:
+        s = result.scalars
+        s["time/eval_s"] = self.times.total("evaluate")
+        s.update(self._carried)
+        s["time/iteration_s"] = time.perf_counter() - self._started + s["time/log_s"] + s["time/checkpoint_s"]

@@ -6,6 +6,9 @@ registry), the learner from :data:`vla_rl.algorithms.base.ALGORITHMS`, and each
 iteration reads ``batch = learner.collect(inputs)``, ``stats = learner.update(batch)``,
 then evaluates, logs and checkpoints. What a learner needs from the loop
 (:class:`vla_rl.algorithms.base.Needs`) decides what the loop builds for it.
+Everything else attaches as a hook (:mod:`vla_rl.hooks`): the ``time/*`` scalars,
+the weight EMA, the task curriculum, reward annealing and reward traces, and a
+command's own (``Trainer(cfg, hooks=[...])``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 import dataclasses
 import json
 import random
-import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +34,19 @@ from vla_core.manifest import write_text_atomic
 from vla_rl import checkpoint as ckpt
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
-from vla_rl.curriculum import TaskCurriculum, spread
-from vla_rl.data import ChunkDataset, load_policy_chunks
+from vla_rl.curriculum import CurriculumHook, TaskCurriculum, spread
+from vla_rl.data import ChunkDataset, dataset_spec, load_policy_chunks
 from vla_rl.distributed import SINGLE, Distributed, rank_seed
-from vla_rl.ema import WeightEMA
+from vla_rl.ema import WeightEMA, check_ema_resume
 from vla_rl.evaluation import EvalResult, EvalShard, evaluate_policy
+from vla_rl.hooks import Hook, IterationResult, RewardAnnealing, RunContext
 from vla_rl.policy_factory import build_policy
-from vla_rl.reweigh import TRACE_DIR, save_reward_trace
+from vla_rl.reweigh import TRACE_DIR, RewardTraces
 from vla_rl.rollout import EpisodeRecord, Rollout, RolloutEngine, reward_scalars
 from vla_rl.run_logging import RunLogger
 from vla_rl.threads import torch_threads
-from vla_rl.timing import StageTimes, split_remainder, time_summary
+from vla_rl.timing import StageTimer, time_summary
 from vla_rl.train_config import TrainConfig, training_seed_range
-
 
 LEARNER_STORE = "learner_store"
 """Run sub-folder for learner state too large for a checkpoint (:meth:`Learner.use_store`); ``rank<r>/`` per rank."""
@@ -130,9 +133,24 @@ def check_init_state_split(cfg: TrainConfig, spec: EnvSpec) -> None:
 
 
 class Trainer:
-    """Run :class:`TrainConfig` (see module doc). ``run()`` returns the final evaluation."""
+    """Run :class:`TrainConfig` (see module doc); ``run()`` returns the evaluations before and after training.
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    Without an env (``env.id`` empty) a learner that trains on a dataset runs without evaluations, its policy sized
+    from the dataset (``vla-rl sft`` without ``--env.id``); the training envs are built only for a learner that steps
+    them.
+
+    Args:
+        cfg: the run.
+        hooks: attached after the trainer's own (:mod:`vla_rl.hooks`).
+        config: what the checkpoints and the logger record as the run's config instead of ``cfg`` (a command that
+            builds ``cfg`` from its own config records its own).
+        policy_factory: builds a fresh policy from the env's (or the dataset's) spec, right after the run is seeded,
+            in place of ``build_policy(cfg.policy, spec)`` (e.g. a policy sized from a dataset, not the env).
+        evaluate_start: evaluate the policy before training (a fresh run; the ``before`` result).
+    """
+
+    def __init__(self, cfg: TrainConfig, hooks: Sequence[Hook] = (), config: dict[str, Any] | None = None,
+                 policy_factory: Callable[[EnvSpec], Policy] | None = None, evaluate_start: bool = True) -> None:
         """Check what can be checked before any env is built.
 
         Raises:
@@ -142,19 +160,23 @@ class Trainer:
         if cfg.policy.path and not Path(cfg.policy.path).is_dir():
             raise ConfigError(f"policy.path: {cfg.policy.path} is not a folder; expected a policy folder with "
                               "config.json and model.safetensors (e.g. <run>/checkpoints/best/policy)")
-        if cfg.policy.path:  # e.g. the quickstart's policy, which reads a wrist camera
+        if cfg.policy.path and cfg.env.id:  # e.g. the quickstart's policy, which reads a wrist camera
             env = cfg.env.with_policy_cameras(checkpoint_cameras(cfg.policy.path), cfg.policy.path)
             cfg = dataclasses.replace(cfg, env=env)
         self.cfg = cfg
+        self.hooks = list(hooks)
+        self.config = config
+        self.policy_factory = policy_factory
+        self.evaluate_start = evaluate_start
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_runs_dir() / cfg.run_name
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.learner_cls: type[Learner] = ALGORITHMS.get(cfg.algo.type).obj  # fails before any env is built
         self.dist: Distributed = SINGLE  # the ranks of this run (vla_rl.distributed), found by run()
         self.curriculum: TaskCurriculum | None = None  # set once the env is built (multi-task envs)
-        self.ema: WeightEMA | None = None  # the evaluated average of the weights, with --eval.ema (vla_rl.ema)
+        self._saved: Path | None = None  # the last checkpoint this process wrote
 
     def _config_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(draccus.encode(self.cfg), default=str))
+        return self.config if self.config is not None else json.loads(json.dumps(draccus.encode(self.cfg), default=str))
 
     def _evaluate(self, policy: Policy, env: Any, iteration: int, logger: RunLogger, tag: str) -> EvalResult:
         cfg, dist = self.cfg, self.dist
@@ -176,6 +198,23 @@ class Trainer:
             logger.log_video(iteration, "eval/video", res.video, env.spec.control_freq)
         return res
 
+    def _own_hooks(self, policy: Policy, env: Any | None) -> list[Hook]:
+        """The hooks the config asks for: timing (always; first, so it times what the others add to a stage), the
+        weight EMA (``eval.ema``; built before the learner, from the weights as they start), the task curriculum
+        (multi-task envs), reward annealing (``reward.anneal``) and reward traces (``reward.save_terms_every``)."""
+        cfg = self.cfg
+        hooks: list[Hook] = [StageTimer()]
+        if cfg.eval.ema:
+            hooks.append(WeightEMA(policy, cfg.eval.ema))
+        if self.curriculum is not None and env is not None:
+            hooks.append(CurriculumHook(self.curriculum, env))
+        if cfg.reward.anneal:
+            hooks.append(RewardAnnealing(cfg.reward.anneal, cfg.iterations))
+        if cfg.reward.save_terms_every:
+            algo = json.loads(json.dumps(draccus.encode(cfg), default=str))["algo"]
+            hooks.append(RewardTraces(self.run_dir / TRACE_DIR, cfg.reward.save_terms_every, algo))
+        return hooks
+
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         resume_from = ckpt.resume_checkpoint(self.ckpt_dir) if cfg.resume else None
@@ -188,33 +227,42 @@ class Trainer:
             raise ConfigError(f"eval.ema={cfg.eval.ema} averages whole parameters and FSDP shards them: run without "
                               "--eval.ema or with DDP")
         seed_everything(cfg.seed)
-        if dist.enabled:  # rank r holds envs [r*n, (r+1)*n) of the run, seeded as those envs
+        steps_envs = self.learner_cls.needs.env_rollouts
+        if steps_envs and not cfg.env.id:
+            raise ConfigError(f"algo.type={cfg.algo.type} trains in an env: pass --env.id")
+        env = eval_env = None
+        if steps_envs and dist.enabled:  # rank r holds envs [r*n, (r+1)*n) of the run, seeded as those envs
             cfg.algo.check_run(dist.shard(cfg.env.num_envs, "env.num_envs"))
             env = cfg.env.make(*dist.env_shard(cfg.env.num_envs, cfg.env.seed))
-        else:
+        elif steps_envs:
             env = cfg.env.make()
-        eval_env = None
         try:
-            if dist.enabled:
+            if cfg.env.id and dist.enabled:
                 eval_env = cfg.env.make(*dist.env_shard(cfg.eval_envs, cfg.eval.seed, "eval.num_envs"))
-            else:
+            elif cfg.env.id:
                 eval_env = cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed)
-            self.curriculum = task_curriculum(cfg, env.spec)
+            spec = env.spec if env is not None else eval_env.spec if eval_env is not None else self._dataset_spec()
+            self.curriculum = task_curriculum(cfg, spec) if cfg.env.id else None
             if self.curriculum is not None and cfg.env.tasks.holdout:  # evaluate on the held-out tasks only
                 eval_env.schedule_tasks(weights=(~self.curriculum.train_mask).astype(float))
             state: dict[str, Any] = {}
             if resume_from is not None:
                 policy = load_policy(resume_from / ckpt.POLICY_DIR, verify=False)  # resume_checkpoint verified it
                 state = ckpt.load_trainer_state(resume_from)
-                # with --eval.ema the folder held the average: the weights as trained go back in before any use
-                self.ema = WeightEMA.resume(policy, cfg.eval.ema, state.get("ema"), resume_from)
+                check_ema_resume(cfg.eval.ema, state.get(WeightEMA.name), resume_from)
+            elif self.policy_factory is not None:
+                policy = self.policy_factory(spec)
             else:
-                policy = build_policy(cfg.policy, env.spec, smoke=cfg.smoke)
-                self.ema = WeightEMA(policy, cfg.eval.ema) if cfg.eval.ema else None
+                policy = build_policy(cfg.policy, spec, smoke=cfg.smoke)
+            hooks = self._own_hooks(policy, env) + self.hooks
+            for hook in hooks:  # before the learner is built: with --eval.ema the weights as trained go back in
+                if hook.name and hook.name in state:
+                    try:
+                        hook.load_state_dict(state[hook.name])
+                    except ValueError as exc:
+                        raise ConfigError(f"{resume_from}/trainer.pt, {hook.name!r}: {exc}") from None
             learner: Learner = self.learner_cls(cfg.algo.for_run(cfg.iterations), policy)
             learner.to(dist.device)  # a GPU when there is one, also in a one-process run
-            if self.ema is not None:
-                self.ema.to(dist.device)
             store = self.run_dir / LEARNER_STORE
             learner.use_store(store / f"rank{dist.rank}" if dist.enabled else store, cfg.keep_last)
             if dist.enabled:  # same initial weights on every rank; from here on each rank draws its own noise
@@ -224,8 +272,6 @@ class Trainer:
             env_steps = 0
             if resume_from is not None:
                 learner.load_state_dict(state["learner"])
-                if self.curriculum is not None and "curriculum" in state:
-                    self.curriculum.load_state_dict(state["curriculum"])
                 ckpt.set_rng_state(state["rng"])
                 if dist.enabled:
                     ranks = state.get("ranks") or []
@@ -241,119 +287,141 @@ class Trainer:
             logger = RunLogger(self.run_dir, cfg.logging, self._config_dict(), resume=resume_from is not None) \
                 if dist.is_main else _NullLogger()
             try:
-                return self._loop(policy, learner, env, eval_env, logger, start_iter, env_steps, best)
+                engine = None
+                if env is not None:
+                    engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic,
+                                           reward=cfg.reward)
+                    learner.check_env(env.spec, engine.exec_steps, cfg.reset_every_iteration)
+                    engine.total_env_steps = env_steps // dist.world_size  # this rank's share of the run's env steps
+                data = self._offline_data(learner, policy)
+                run = RunContext(cfg, self.run_dir, policy, learner, env, eval_env, engine, dist, logger, start_iter,
+                                 data)
+                return self._loop(run, hooks, best)
             finally:
                 logger.close()
         finally:
-            env.close()
-            if eval_env is not None:
-                eval_env.close()
+            for e in (env, eval_env):
+                if e is not None:
+                    e.close()
 
-    def _loop(self, policy: Policy, learner: Learner, env: Any, eval_env: Any, logger: RunLogger,
-              start_iter: int, env_steps: int, best: float | None) -> dict[str, Any]:
-        cfg = self.cfg
-        engine = RolloutEngine(env, policy, cfg.exec_steps, use_critic=learner.uses_critic, reward=cfg.reward)
-        learner.check_env(env.spec, engine.exec_steps, cfg.reset_every_iteration)
-        dist = self.dist
-        engine.total_env_steps = env_steps // dist.world_size  # this rank's share of the run's env steps
-        data = self._offline_data(learner, policy)
+    def _dataset_spec(self) -> EnvSpec:
+        """The spec a policy is sized from in a run without an env: the ``data.path`` dataset's.
+
+        Raises:
+            ConfigError: without ``data.path``.
+        """
+        if not self.cfg.data.path:
+            raise ConfigError("env.id is empty: pass --env.id, or --data.path for a learner that trains on a dataset")
+        return dataset_spec(self.cfg.data.path).env_spec()
+
+    def _loop(self, run: RunContext, hooks: list[Hook], best: float | None) -> dict[str, Any]:
+        """Evaluate the start (a fresh run), then iterate: collect, update, evaluate, log, checkpoint."""
+        cfg, dist = self.cfg, run.dist
+        for hook in hooks:
+            hook.start(run)
         first = last = None
-        if start_iter == 0:
-            first = self._evaluate(policy, eval_env, 0, logger, "iter_000000")
-            logger.log(0, first.scalars())
+        if run.start_iteration == 0 and self.evaluate_start and _evaluates(run):
+            with _stage(hooks, "evaluate"):
+                first = self._evaluate(run.policy, run.eval_env, 0, run.logger, "iter_000000")
+            run.logger.log(0, first.scalars())
             self._write_eval(first, "before")
-        bar = tqdm(range(start_iter, cfg.iterations), desc="train", unit="it", initial=start_iter, total=cfg.iterations,
-                   disable=not dist.is_main)
-        after_row = StageTimes()  # logging and checkpointing, done after an iteration's row is written
+        bar = tqdm(range(run.start_iteration, cfg.iterations), desc="train", unit="it", initial=run.start_iteration,
+                   total=cfg.iterations, disable=not dist.is_main)
         for it in bar:
-            t0 = time.perf_counter()
-            carried = after_row.take("time/")  # the previous iteration's log / checkpoint seconds
-            base, _ = training_seed_range(cfg, it)
-            base = dist.seed_base(base, env.num_envs)
-            policy.train()
-            if self.curriculum is not None:  # this iteration's resets draw their tasks from these weights
-                env.schedule_tasks(weights=self.curriculum.weights())
-            if cfg.reward.anneal:  # a function of the iteration alone, so a resumed run anneals the same
-                engine.reward.set_progress(it / cfg.iterations)
-            done_iter = it + 1
-            is_last = done_iter == cfg.iterations
-            evaluates = is_last or bool(cfg.eval.every and done_iter % cfg.eval.every == 0)
-            checkpoints = is_last or done_iter % cfg.checkpoint_every == 0
-            inputs = IterationInputs(iteration=it, seed_base=base, reset=cfg.reset_every_iteration,
-                                     engine=engine if learner.needs.env_rollouts else None, data=data,
-                                     sync=evaluates)
-            with torch_threads(cfg.threads.rollout):
-                batch = learner.collect(inputs)
-            t1 = time.perf_counter()
-            with torch_threads(cfg.threads.update):
-                stats = learner.update(batch)
-            if self.ema is not None:
-                self.ema.update()
-            t2 = time.perf_counter()
-            scalars = {"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, **stats}
-            scalars.update(split_remainder(t2 - t1, {k: v for k, v in stats.items() if k.startswith("time/update_")},
-                                           "time/update_other_s"))
-            if isinstance(batch, Rollout):
-                scalars.update(split_remainder(t1 - t0, batch.times, "time/rollout_other_s"))
-                scalars["time/env_steps_per_s"] = batch.env_steps / max(t1 - t0, 1e-9)
-            else:  # a dataset learner: drawing its batch
-                scalars["time/rollout_other_s"] = t1 - t0
-            scalars = dist.merge_scalars(scalars, summed=("time/env_steps_per_s",))
-            if cfg.reward.anneal:
-                scalars.update({f"reward/weight/{k}": w for k, w in engine.reward.weights if k in cfg.reward.anneal})
-            if isinstance(batch, Rollout):
-                episodes = dist.gather_objects(list(batch.episodes))  # every rank's, so the curriculum agrees
-                scalars = {**rollout_scalars(batch, episodes), **scalars}
-                if self.curriculum is not None:
-                    self.curriculum.observe((e.task_index, e.success) for e in episodes)
-                    scalars.update(self.curriculum.scalars())
-            step = int(dist.sum(torch.tensor(engine.total_env_steps)).item()) if dist.enabled else engine.total_env_steps
-            t_eval = time.perf_counter()
-            if evaluates:
-                with self._averaged():
-                    res = self._evaluate(policy, eval_env, step, logger, f"iter_{done_iter:06d}")
-                scalars.update(res.scalars())
-                last = res
-            scalars["time/eval_s"] = time.perf_counter() - t_eval
-            scalars.update({"time/log_s": 0.0, "time/checkpoint_s": 0.0, **carried})
-            scalars["time/iteration_s"] = time.perf_counter() - t0 + scalars["time/log_s"] + scalars["time/checkpoint_s"]
-            with after_row("log"):
-                logger.log(step, scalars)
-            every = cfg.reward.save_terms_every
-            if isinstance(batch, Rollout) and every and done_iter % every == 0 and dist.is_main:  # reward reweigh
-                save_reward_trace(batch, self.run_dir / TRACE_DIR / f"iter_{done_iter:06d}.pt",
-                                  self._config_dict()["algo"], engine.reward.weights)
+            result = self._iteration(run, hooks, it, it + 1 == cfg.iterations)
+            ends = result.last | any([hook.ends_run(it) for hook in hooks])  # every hook asked
+            if ends and result.evaluation is None and _evaluates(run):  # a hook ended the run: its result is evaluated all the same
+                with _stage(hooks, "evaluate"):
+                    result.evaluation = self._evaluate(run.policy, run.eval_env, result.env_steps, run.logger,
+                                                       f"iter_{it + 1:06d}")
+                run.logger.log(result.env_steps, result.evaluation.scalars())
+            last = result.evaluation or last
             shown = {"success": "rollout/success", "ret": "rollout/return", "loss": "update/loss"}
-            bar.set_postfix(**{k: f"{scalars[m]:.3g}" for k, m in shown.items() if m in scalars},
-                            eval=f"{last.success_rate:.2f}" if last else "-", time=time_summary(scalars))
-            if checkpoints:
-                after_row.start("checkpoint")
-                state = {"learner": learner.state_dict(), "rng": ckpt.rng_state(), "iteration": done_iter,
-                         "env_steps": step,
-                         **({"curriculum": self.curriculum.state_dict()} if self.curriculum is not None else {})}
-                if dist.enabled:  # every rank's RNG and own learner state; rank 0 writes them all
-                    state["ranks"] = dist.all_objects({"rng": state["rng"], "learner": learner.rank_state()})
-                if dist.is_main:
-                    with self._averaged():  # the policy folder holds what was evaluated, trainer.pt the rest
-                        if self.ema is not None:
-                            state["ema"] = self.ema.state_dict()
-                        saved = ckpt.save_checkpoint(self.ckpt_dir, done_iter, policy, state, self._config_dict(),
-                                                     cfg.keep_last)
-                    if last is not None and (best is None or last.success_rate > best) and "eval/success" in scalars:
-                        best = last.success_rate
-                        ckpt.mark_best(self.ckpt_dir, saved, best)
-                after_row.stop("checkpoint")
+            bar.set_postfix(**{k: f"{result.scalars[m]:.3g}" for k, m in shown.items() if m in result.scalars},
+                            eval=f"{last.success_rate:.2f}" if last else "-", time=time_summary(result.scalars))
+            if ends or (it + 1) % cfg.checkpoint_every == 0:
+                best = self._checkpoint(run, hooks, result, best)
+            if ends:
+                break
         bar.close()
-        if last is None and start_iter == cfg.iterations == 0:  # nothing trained: the start is the result
+        if last is None and run.start_iteration == cfg.iterations == 0:  # nothing trained: the start is the result
             last = first
         if last is not None:
             self._write_eval(last, "after")
-        return {"before": first, "after": last, "run_dir": str(self.run_dir), "env_steps": engine.total_env_steps,
-                "main": dist.is_main, "device": str(dist.device)}
+        out = {"before": first, "after": last, "run_dir": str(self.run_dir), "env_steps": _env_steps(run.engine),
+               "main": dist.is_main, "device": str(dist.device), "checkpoint": self._saved}
+        for hook in hooks:
+            hook.end(out)
+        return out
 
-    def _averaged(self) -> contextlib.AbstractContextManager[None]:
-        """The policy holds the average of its weights inside (with ``--eval.ema``; the weights as trained without)."""
-        return self.ema.applied() if self.ema is not None else contextlib.nullcontext()
+    def _iteration(self, run: RunContext, hooks: list[Hook], it: int, last: bool) -> IterationResult:
+        """One iteration ``it`` up to its logged row: collect, update, evaluate (every ``eval.every`` and the
+        ``last``), log, and the hooks in between."""
+        cfg, learner = self.cfg, run.learner
+        for hook in hooks:
+            hook.before_iteration(it)
+        done = it + 1
+        evaluates = _evaluates(run) and (last or bool(cfg.eval.every and done % cfg.eval.every == 0))
+        base, _ = training_seed_range(cfg, it)
+        run.policy.train()
+        envs = run.env.num_envs if run.env is not None else 0
+        inputs = IterationInputs(iteration=it, seed_base=run.dist.seed_base(base, envs), reset=cfg.reset_every_iteration,
+                                 engine=run.engine if learner.needs.env_rollouts else None, data=run.data,
+                                 sync=evaluates)
+        with _stage(hooks, "collect"), torch_threads(cfg.threads.rollout):
+            batch = learner.collect(inputs)
+        with _stage(hooks, "update"), torch_threads(cfg.threads.update):
+            stats = learner.update(batch)
+        result = self._result(run, it, batch, stats, last)
+        for hook in hooks:
+            hook.after_update(result)
+        if evaluates:
+            with _stage(hooks, "evaluate"):
+                result.evaluation = self._evaluate(run.policy, run.eval_env, result.env_steps, run.logger,
+                                                   f"iter_{done:06d}")
+            result.scalars.update(result.evaluation.scalars())
+        for hook in hooks:
+            hook.before_log(result)
+        with _stage(hooks, "log"):
+            run.logger.log(result.env_steps, result.scalars)
+        for hook in hooks:
+            if done % hook.every == 0:
+                hook.after_round(done // hook.every - 1, result)
+        return result
+
+    def _result(self, run: RunContext, it: int, batch: Any, stats: dict[str, float], last: bool) -> IterationResult:
+        """The iteration's row so far: the learner's statistics averaged over the ranks, and for a rollout every
+        rank's ended episodes with their ``rollout/*`` statistics and this rank's ``reward/*`` terms."""
+        dist = run.dist
+        scalars = dist.merge_scalars(stats)
+        rollout = batch if isinstance(batch, Rollout) else None
+        episodes: list[EpisodeRecord] = []
+        if rollout is not None:
+            episodes = dist.gather_objects(list(rollout.episodes))  # every rank's, so the curriculum agrees
+            scalars = {**rollout_scalars(rollout, episodes), **scalars}
+        step = int(dist.sum(torch.tensor(_env_steps(run.engine))).item()) if dist.enabled else _env_steps(run.engine)
+        return IterationResult(iteration=it, batch=batch, scalars=scalars, rollout=rollout, episodes=episodes,
+                               env_steps=step, last=last)
+
+    def _checkpoint(self, run: RunContext, hooks: list[Hook], result: IterationResult, best: float | None) -> float | None:
+        """Write the checkpoint after ``result``'s iteration (rank 0; every rank's RNG and learner state in it) and
+        mark it best when its evaluation beats ``best``; returns the best success so far."""
+        dist, learner, done = run.dist, run.learner, result.iteration + 1
+        state = {"learner": learner.state_dict(), "rng": ckpt.rng_state(), "iteration": done,
+                 "env_steps": result.env_steps}
+        if dist.enabled:  # every rank's RNG and own learner state; rank 0 writes them all
+            state["ranks"] = dist.all_objects({"rng": state["rng"], "learner": learner.rank_state()})
+        if not dist.is_main:
+            return best
+        with _stage(hooks, "checkpoint"):  # the policy folder holds what was evaluated (the EMA's average)
+            state.update({hook.name: hook.state_dict() for hook in hooks if hook.name})
+            saved = ckpt.save_checkpoint(self.ckpt_dir, done, run.policy, state, self._config_dict(), self.cfg.keep_last)
+        self._saved = saved
+        res = result.evaluation
+        if res is not None and (best is None or res.success_rate > best):
+            best = res.success_rate
+            ckpt.mark_best(self.ckpt_dir, saved, best)
+        return best
 
     def _offline_data(self, learner: Learner, policy: Policy) -> ChunkDataset | None:
         """The ``data.path`` dataset as chunks of the policy's horizon, for a learner that needs
@@ -376,6 +444,25 @@ class Trainer:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.run_dir / f"eval_{tag}.json", json.dumps(dataclasses.asdict(res), indent=2))
+
+
+def _evaluates(run: RunContext) -> bool:
+    """Whether the run evaluates at all: it has an env and ``eval.episodes`` (0: a hook evaluates, or nothing)."""
+    return run.eval_env is not None and run.cfg.eval.episodes > 0
+
+
+def _env_steps(engine: RolloutEngine | None) -> int:
+    """This rank's env steps so far (0 in a run that steps no env)."""
+    return engine.total_env_steps if engine is not None else 0
+
+
+@contextlib.contextmanager
+def _stage(hooks: Sequence[Hook], name: str) -> Iterator[None]:
+    """Pipeline stage ``name`` inside every hook's :meth:`Hook.stage` context, nested in list order."""
+    with contextlib.ExitStack() as stack:
+        for hook in hooks:
+            stack.enter_context(hook.stage(name))
+        yield
 
 
 class _NullLogger:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vla_rl.config import ConfigError
-from vla_rl.ema import WeightEMA
+from vla_rl.ema import WeightEMA, check_ema_resume
 
 
 def _net(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -78,18 +78,20 @@ def test_resume_restores_the_weights_as_trained_and_refuses_a_switched_average(t
     with torch.no_grad():
         for p, a in zip([p for p in loaded.parameters() if p.requires_grad], averaged):
             p.copy_(a)
-    back = WeightEMA.resume(loaded, 0.9, state, tmp_path)
+    back = WeightEMA(loaded, 0.9)  # as the trainer builds it on the loaded policy, then resumes it
+    back.load_state_dict(state)
     assert back.updates == 1 and back.decay == 0.9
     assert all(torch.equal(a, t) for a, t in zip(_trainable(loaded), trained))
     assert all(torch.equal(s, a) for s, a in zip(back.shadow, averaged))
 
-    assert WeightEMA.resume(_net(), 0.0, None, tmp_path) is None
+    check_ema_resume(0.0, None, tmp_path)
+    check_ema_resume(0.9, state, tmp_path)  # the decay may change
     with pytest.raises(ConfigError, match=r"trainer\.pt holds a run with eval\.ema=0\.5"):
-        WeightEMA.resume(_net(), 0.0, state, tmp_path)
+        check_ema_resume(0.0, state, tmp_path)
     with pytest.raises(ConfigError, match=r"trainer\.pt holds a run without eval\.ema.*--eval\.ema 0"):
-        WeightEMA.resume(_net(), 0.9, None, tmp_path)
-    with pytest.raises(ConfigError, match="do not match"):
-        WeightEMA.resume(torch.nn.Linear(2, 2), 0.9, state, tmp_path)
+        check_ema_resume(0.9, None, tmp_path)
+    with pytest.raises(ValueError, match="do not match"):
+        WeightEMA(torch.nn.Linear(2, 2), 0.9).load_state_dict(state)
 
 
 def test_a_training_run_checkpoints_the_average_and_resumes_it_exactly(tmp_path):
