@@ -24,7 +24,6 @@ environment variable ``VLA_RL_DEBUG=1``.
 from __future__ import annotations
 
 import difflib
-import enum
 import os
 import sys
 import typing
@@ -63,164 +62,181 @@ def _usage(commands: object) -> str:
     return "\n".join(lines)
 
 
-def _show_defaults(parser: Any, layered: dict[str, Any]) -> None:
-    """Set each option's help default (``--env.num_envs`` -> ``layered["env"]["num_envs"]``) where ``layered`` has one."""
-    missing = object()
-    for action in parser._actions:
-        value: Any = layered
-        for key in action.dest.split("."):
-            value = value.get(key, missing) if isinstance(value, dict) else missing
-        if value is not missing and not isinstance(value, dict):
-            action.default = value
-
-
-def _only_chosen_options(parser: Any, config_class: type, layered: dict[str, Any]) -> None:
-    """Drop from ``--help`` the options of choice sections (``policy``, ``algo``) that the chosen type lacks.
-
-    draccus lists the union of every registered type's fields; a user of ``--policy.type pi0`` wants pi0's.
-    """
-    import dataclasses
-
-    import draccus
-
-    hints = typing.get_type_hints(config_class)
-    for f in dataclasses.fields(config_class):
-        typ = hints.get(f.name)
-        section = layered.get(f.name)
-        if not (isinstance(typ, type) and issubclass(typ, draccus.ChoiceRegistry) and isinstance(section, dict)):
-            continue
-        chosen = typ.get_choice_class(section.get("type") or typ.default_choice_name())
-        allowed = {fld.name for fld in dataclasses.fields(chosen)} | {"type"}
-        others = {fld.name for name in typ.get_known_choices() for fld in dataclasses.fields(typ.get_choice_class(name))}
-        top = {fld.name for fld in dataclasses.fields(config_class)}
-        drop = []
-        for action in parser._actions:
-            head, _, rest = action.dest.partition(".")
-            if head == f.name and rest and rest.partition(".")[0] not in allowed:
-                drop.append(action)  # --policy.<field of another type>
-            elif not rest and head in others - allowed - top:
-                drop.append(action)  # draccus's "--<nested section> FILE" option of another type's section
-        for action in drop:
-            parser._remove_action(action)
-            for group in parser._action_groups:
-                if action in group._group_actions:
-                    group._group_actions.remove(action)
-
-
-def _help_formatter() -> type:
-    """draccus's help formatter, with a literal ``%`` in a field's doc (``95% CI``) kept literal.
-
-    argparse %-formats every help string (for ``%(default)s``), so ``10%)`` would crash ``--help``.
-    """
-    import re
-
-    from draccus.help_formatter import SimpleHelpFormatter
-
-    class HelpFormatter(SimpleHelpFormatter):
-        def _get_help_string(self, action: Any) -> str | None:
-            text = super()._get_help_string(action)
-            return re.sub(r"%(?!\(\w+\)[sdrf])", "%%", text) if text else text
-
-    return HelpFormatter
-
-
 def parse_config(config_class: type, args: Sequence[str], prog: str | None = None) -> object:
-    """Parse ``args`` (with optional ``--preset``) into ``config_class`` via draccus.
+    """Parse ``args`` (``--preset NAME`` or ``--config_path FILE``, then ``--field.sub value`` overrides) into
+    ``config_class``.
+
+    draccus parses: it reads a config file, merges the command line's overrides into it, decodes the result
+    (choices by their ``type`` key) and names the key of an unknown field or a bad value. The file it reads is the
+    given one on top of the values draccus cannot derive itself (:func:`_start_values`).
 
     Raises:
         SystemExit(2): with the offending key's path for unknown keys and bad values.
+        FileNotFoundError: for an unknown preset or a missing file.
     """
-    import draccus
-    import draccus.argparsing
-
-    args = list(args)
-    config_path = None
-    if "--preset" in args:
-        i = args.index("--preset")
-        if i + 1 >= len(args):
-            raise SystemExit("vla-rl: --preset needs a name")
-        config_path = str(preset_path(args[i + 1]))
-        del args[i : i + 2]
-    if "--config_path" in args:
-        i = args.index("--config_path")
-        config_path = args[i + 1] if i + 1 < len(args) else None
-        del args[i : i + 2]
     import tempfile
 
+    import draccus
+    import draccus.argparsing
     import yaml
 
-    try:
-        preset = yaml.safe_load(Path(config_path).read_text()) if config_path else None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        print(f"vla-rl: invalid config: {config_path}:{where} not valid YAML ({getattr(exc, 'problem', None) or exc})",
-              file=sys.stderr)
-        raise SystemExit(2) from None
-    if preset is not None and not isinstance(preset, dict):
-        print(f"vla-rl: invalid config: {config_path}: expected a YAML mapping of fields, got {type(preset).__name__}",
-              file=sys.stderr)
-        raise SystemExit(2)
-    base = _factory_defaults(config_class, preset or {}, args)
-    layered = _merge(_merge(base, _checkpoint_sampler(base, preset or {}, args)), preset or {})
-    _replace_mappings(config_class, layered, preset or {}, args)
+    args = list(args)
+    preset = _pop_option(args, "--preset")
+    config_path = _pop_option(args, "--config_path") or (str(preset_path(preset)) if preset else None)
+    given = _read_config_file(config_path)
+    start = _start_values(config_class, given, args)
+    where = f" ({config_path})" if config_path else ""
     with tempfile.TemporaryDirectory(prefix="vla-rl-config-") as tmp:
-        # written as YAML (which also reads a JSON file, e.g. a checkpoint's config.json); draccus picks its
-        # parser by the suffix, so the merged file is .yaml whatever the given file was
+        # YAML whatever the given file was (a checkpoint's config.json): draccus picks its reader by the suffix
         merged = Path(tmp) / (f"{Path(config_path).stem}.yaml" if config_path else "defaults.yaml")
-        merged.write_text(yaml.safe_dump(layered, sort_keys=False))
+        merged.write_text(yaml.safe_dump(start, sort_keys=False))
         try:
             parser = draccus.argparsing.ArgumentParser(config_class=config_class, config_path=str(merged), prog=prog,
                                                        formatter_class=_help_formatter())
-            if "-h" in args or "--help" in args:  # show the values this command starts from, not the classes'
-                _show_defaults(parser.parser, layered)
-                _only_chosen_options(parser.parser, config_class, layered)
+            if "-h" in args or "--help" in args:
+                _help_for(parser.parser, config_class, start)
             return parser.parse_args(args)
         except (draccus.utils.ParsingError, ValueError, TypeError) as exc:
             # Validation in a __post_init__ reaches us wrapped; its own message names the field.
             wrapped = not isinstance(exc, draccus.utils.DecodingError) and exc.__cause__ is not None
-            cause = exc.__cause__ if wrapped else exc
-            print(f"vla-rl: invalid config{f' ({config_path})' if config_path else ''}: {cause}", file=sys.stderr)
+            print(f"vla-rl: invalid config{where}: {exc.__cause__ if wrapped else exc}", file=sys.stderr)
             raise SystemExit(2) from None
 
 
-def _factory_defaults(config_class: type, preset: dict[str, Any], args: Sequence[str]) -> dict[str, Any]:
-    """What ``config_class``'s default factories set, as a config-file dict (the bottom layer under a preset).
+def _pop_option(args: list[str], flag: str) -> str | None:
+    """Remove ``flag VALUE`` from ``args`` and return VALUE (None when absent).
 
-    draccus builds a nested section that a preset or the command line names from the section type's own
-    defaults, which would drop what the field's ``default_factory`` set: ``vla-rl quickstart
-    --env.num_workers 2`` would lose the quickstart's env id, 32 envs and wrist camera. A choice field
-    (``policy``) whose type the command line or the preset changes starts from that type's defaults.
+    Raises:
+        SystemExit(2): when the flag has no value.
+    """
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        print(f"vla-rl: {flag} needs a value", file=sys.stderr)
+        raise SystemExit(2)
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value
+
+
+def _read_config_file(path: str | None) -> dict[str, Any]:
+    """The YAML (or JSON) mapping in ``path`` ({} for None).
+
+    Raises:
+        FileNotFoundError: for a missing file.
+        SystemExit(2): for a file that is not YAML or not a mapping, naming the line.
+    """
+    import yaml
+
+    if path is None:
+        return {}
+    try:
+        values = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        print(f"vla-rl: invalid config: {path}:{where} not valid YAML ({getattr(exc, 'problem', None) or exc})",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    if values is not None and not isinstance(values, dict):
+        print(f"vla-rl: invalid config: {path}: expected a YAML mapping of fields, got {type(values).__name__}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return values or {}
+
+
+def _start_values(config_class: type, given: dict[str, Any], args: Sequence[str]) -> dict[str, Any]:
+    """The file draccus parses ``args`` into: bottom to top, the sections ``config_class``'s default factories set,
+    the sampler saved with a ``policy.path`` checkpoint, and the given config file ``given``.
+
+    Each layer is one draccus has no notion of:
+
+    - draccus builds a section that the file or the command line names from the section type's own defaults,
+      dropping what the field's ``default_factory`` set (``vla-rl quickstart --env.num_workers 2`` would lose the
+      quickstart's env id, 32 envs and wrist camera); a choice section (``policy``, ``algo``) whose type the command
+      line or the file changes starts from that type's own defaults instead;
+    - a checkpoint's saved sampler (:func:`_checkpoint_sampler`);
+    - draccus merges a mapping field (``reward.terms``) given on the command line or in the file into the one
+      below it, where ``--reward.terms '{success: 1.0}'`` means exactly that mapping (:func:`_replace_mappings`).
     """
     import dataclasses
 
     import draccus
 
+    from vla_rl.config import plain_values
+
     hints = typing.get_type_hints(config_class)
     base: dict[str, Any] = {}
     for f in dataclasses.fields(config_class):
-        if f.default_factory is dataclasses.MISSING:
-            continue
-        value = f.default_factory()
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         if not dataclasses.is_dataclass(value):
             continue
         typ = hints.get(f.name)
         if isinstance(typ, type) and issubclass(typ, draccus.ChoiceRegistry):
-            section = preset.get(f.name)
+            section = given.get(f.name)
             chosen = _cli_value(args, f"--{f.name}.type") or (section.get("type") if isinstance(section, dict) else None)
             if chosen and chosen != typ.get_choice_name(type(value)):
-                known = sorted(typ.get_known_choices())
-                if chosen not in known:
-                    close = difflib.get_close_matches(chosen, known, n=3)
-                    hint = f" Did you mean {', '.join(close)}?" if close else ""
-                    print(f"vla-rl: invalid config: {f.name}.type: unknown {f.name} type {chosen!r}.{hint} "
-                          f"Valid: {', '.join(known)}", file=sys.stderr)
-                    raise SystemExit(2)
-                value = typ.get_choice_class(chosen)()
-            base[f.name] = {"type": typ.get_choice_name(type(value)), **_plain(draccus.encode(value))}
+                value = _choice(typ, f.name, chosen)()
+            base[f.name] = {"type": typ.get_choice_name(type(value)), **plain_values(draccus.encode(value))}
         else:
-            base[f.name] = _plain(draccus.encode(value))
-    return base
+            base[f.name] = plain_values(draccus.encode(value))
+    start = _merge(_merge(base, _checkpoint_sampler(base, given, args)), given)
+    _replace_mappings(config_class, start, given, args)
+    return start
+
+
+def _choice(typ: Any, field: str, name: str) -> type:
+    """``typ``'s choice class ``name`` (``--<field>.type name``).
+
+    Raises:
+        SystemExit(2): for an unknown name, with close matches and every valid one.
+    """
+    known = sorted(typ.get_known_choices())
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        print(f"vla-rl: invalid config: {field}.type: unknown {field} type {name!r}.{hint} Valid: {', '.join(known)}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return typ.get_choice_class(name)
+
+
+def _checkpoint_sampler(base: dict[str, Any], given: dict[str, Any], args: Sequence[str]) -> dict[str, Any]:
+    """The layer between the factory defaults and the file: the sampler saved with the ``policy.path`` checkpoint.
+
+    So ``vla-rl train --policy.path <quickstart policy>`` samples as that policy was trained (the full Flow-SDE
+    chain), not with the policy type's default sampler, and ``--policy.sampler.<field>`` still overrides any
+    field of it. Empty when there is no path, the checkpoint saved no sampler, or the policy type has none;
+    only fields the chosen type's sampler has are taken.
+    """
+    section = given.get("policy") if isinstance(given.get("policy"), dict) else {}
+    path = _cli_value(args, "--policy.path") or section.get("path")
+    fields = (base.get("policy") or {}).get("sampler")
+    if not path or not isinstance(fields, dict):
+        return {}
+    from policies.io import checkpoint_config
+
+    saved = checkpoint_config(path).get("sampler")
+    if not isinstance(saved, dict):
+        return {}
+    return {"policy": {"sampler": {k: v for k, v in saved.items() if k in fields}}}
+
+
+def _replace_mappings(config_class: type, start: dict[str, Any], given: dict[str, Any], args: Sequence[str]) -> None:
+    """Make each mapping field (typed ``dict[...]``) that ``given`` or the command line sets replace the one below."""
+    for path in _mapping_fields(config_class):
+        *parents, name = path.split(".")
+        section, mine = start, given
+        for key in parents:
+            section = section.get(key) if isinstance(section, dict) else None
+            mine = mine.get(key) if isinstance(mine, dict) else None
+        if not isinstance(section, dict):
+            continue
+        if isinstance(mine, dict) and name in mine:
+            section[name] = mine[name]
+        if _cli_value(args, f"--{path}") is not None:
+            section.pop(name, None)  # the command line's mapping alone
 
 
 def _mapping_fields(config_class: type, prefix: str = "") -> list[str]:
@@ -240,47 +256,6 @@ def _mapping_fields(config_class: type, prefix: str = "") -> list[str]:
     return out
 
 
-def _replace_mappings(config_class: type, layered: dict[str, Any], preset: dict[str, Any], args: Sequence[str]) -> None:
-    """Make a mapping field given by the preset or the command line replace the default instead of merging into it.
-
-    ``--reward.terms '{success: 1.0}'`` means exactly that reward, not ``{env: 1.0, success: 1.0}`` (the layers
-    above merge sections key by key, and draccus merges a mapping from the command line into the file's).
-    """
-    for path in _mapping_fields(config_class):
-        *parents, name = path.split(".")
-        section, given = layered, preset
-        for key in parents:
-            section = section.get(key) if isinstance(section, dict) else None
-            given = given.get(key) if isinstance(given, dict) else None
-        if not isinstance(section, dict):
-            continue
-        if isinstance(given, dict) and name in given:
-            section[name] = given[name]
-        if _cli_value(args, f"--{path}") is not None:
-            section.pop(name, None)  # the command line's mapping alone
-
-
-def _checkpoint_sampler(base: dict[str, Any], preset: dict[str, Any], args: Sequence[str]) -> dict[str, Any]:
-    """The layer between the factory defaults and the preset: the sampler saved with the ``policy.path`` checkpoint.
-
-    So ``vla-rl train --policy.path <quickstart policy>`` samples as that policy was trained (the full Flow-SDE
-    chain), not with the policy type's default sampler, and ``--policy.sampler.<field>`` still overrides any
-    field of it. Empty when there is no path, the checkpoint saved no sampler, or the policy type has none;
-    only fields the chosen type's sampler has are taken.
-    """
-    section = preset.get("policy") if isinstance(preset.get("policy"), dict) else {}
-    path = _cli_value(args, "--policy.path") or section.get("path")
-    fields = (base.get("policy") or {}).get("sampler")
-    if not path or not isinstance(fields, dict):
-        return {}
-    from policies.io import checkpoint_config
-
-    saved = checkpoint_config(path).get("sampler")
-    if not isinstance(saved, dict):
-        return {}
-    return {"policy": {"sampler": {k: v for k, v in saved.items() if k in fields}}}
-
-
 def _cli_value(args: Sequence[str], flag: str) -> str | None:
     """The value of ``flag`` given as ``flag value`` or ``flag=value`` (the last one wins), else None."""
     found = None
@@ -292,17 +267,6 @@ def _cli_value(args: Sequence[str], flag: str) -> str | None:
     return found
 
 
-def _plain(x: Any) -> Any:
-    """``draccus.encode`` output with enums as their values and tuples as lists (plain YAML)."""
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_plain(v) for v in x]
-    if isinstance(x, enum.Enum):
-        return _plain(x.value)
-    return x
-
-
 def _merge(base: Any, over: Any) -> Any:
     """``over`` on top of ``base``, section by section; a section that names another ``type`` replaces its base."""
     if not isinstance(base, dict) or not isinstance(over, dict):
@@ -310,6 +274,60 @@ def _merge(base: Any, over: Any) -> Any:
     if "type" in over and base.get("type") not in (None, over["type"]):
         return over
     return {**base, **{k: _merge(base[k], v) if k in base else v for k, v in over.items()}}
+
+
+def _help_for(parser: Any, config_class: type, start: dict[str, Any]) -> None:
+    """``--help`` of the command as it starts: each option's default is ``start``'s value (``--env.num_envs`` ->
+    ``start["env"]["num_envs"]``), and a choice section (``policy``, ``algo``) lists the chosen type's options only.
+
+    draccus shows the classes' defaults and the union of every registered type's fields; a user of
+    ``--policy.type pi0`` wants pi0's, with the values this command and preset set.
+    """
+    import dataclasses
+
+    import draccus
+
+    missing = object()
+    for action in parser._actions:
+        value: Any = start
+        for key in action.dest.split("."):
+            value = value.get(key, missing) if isinstance(value, dict) else missing
+        if value is not missing and not isinstance(value, dict):
+            action.default = value
+    hints = typing.get_type_hints(config_class)
+    top = {fld.name for fld in dataclasses.fields(config_class)}
+    for f in dataclasses.fields(config_class):
+        typ, section = hints.get(f.name), start.get(f.name)
+        if not (isinstance(typ, type) and issubclass(typ, draccus.ChoiceRegistry) and isinstance(section, dict)):
+            continue
+        chosen = typ.get_choice_class(section.get("type") or typ.default_choice_name())
+        allowed = {fld.name for fld in dataclasses.fields(chosen)} | {"type"}
+        others = {fld.name for choice in typ.get_known_choices().values() for fld in dataclasses.fields(choice)}
+        for action in list(parser._actions):
+            head, _, rest = action.dest.partition(".")
+            if (head == f.name and rest and rest.partition(".")[0] not in allowed  # --policy.<another type's field>
+                    or not rest and head in others - allowed - top):  # draccus's "--<section> FILE" of another type
+                parser._remove_action(action)
+                for group in parser._action_groups:
+                    if action in group._group_actions:
+                        group._group_actions.remove(action)
+
+
+def _help_formatter() -> type:
+    """draccus's help formatter, with a literal ``%`` in a field's doc (``95% CI``) kept literal.
+
+    argparse %-formats every help string (for ``%(default)s``), so ``10%)`` would crash ``--help``.
+    """
+    import re
+
+    from draccus.help_formatter import SimpleHelpFormatter
+
+    class HelpFormatter(SimpleHelpFormatter):
+        def _get_help_string(self, action: Any) -> str | None:
+            text = super()._get_help_string(action)
+            return re.sub(r"%(?!\(\w+\)[sdrf])", "%%", text) if text else text
+
+    return HelpFormatter
 
 
 DEBUG_FLAG = "--debug"

@@ -8,10 +8,12 @@ can be overridden on the command line (``--env.num_envs 4``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from sim import VecEnv, WristCamera, backends_with_wrist_camera, make_env, wrist_camera_support
 from vla_rl.curriculum import TaskSamplingConfig
@@ -83,6 +85,12 @@ class EnvConfig:
             self.id, num_envs=self.num_envs if num_envs is None else num_envs,
             seed=self.seed if seed is None else seed, **options,
         )
+
+
+def plain_values(encoded: Any) -> Any:
+    """``draccus.encode`` output as plain JSON / YAML values (enums as their values, tuples as lists), as checkpoints
+    save a config."""
+    return json.loads(json.dumps(encoded))
 
 
 def default_runs_dir() -> Path:

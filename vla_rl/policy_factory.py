@@ -9,7 +9,6 @@ and a smoke run takes the tiny variant the policy's module registered
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import draccus
@@ -20,6 +19,7 @@ from policies.loading import load_policy
 from policies.registry import POLICIES
 from policies.smoke import SMOKE_VARIANTS
 from sim.core import OBS_ENV_STATE, OBS_STATE, EnvSpec
+from vla_rl.config import plain_values
 
 
 def spec_fields(spec: EnvSpec) -> dict[str, Any]:
@@ -111,8 +111,8 @@ def check_checkpoint_options(path: str, name: str, options: dict[str, Any], save
 
 
 def _plain(config: Any) -> dict[str, Any]:
-    """A (policy or sampler) config as checkpoints save it (JSON values: enums as values, tuples as lists)."""
-    return json.loads(json.dumps(draccus.encode(config)))
+    """A (policy or sampler) config as checkpoints save it."""
+    return plain_values(draccus.encode(config))
 
 
 def note_sampler_change(path: str, sampler: Any) -> None:
