@@ -85,19 +85,19 @@ def test_resume_after_a_kill_between_rounds_matches_an_uninterrupted_run(tmp_pat
     full = tmp_path / "full"
     run(["align", *args, "--run_dir", str(full)])
 
-    real = align._one_round
+    real = align.GrapeRounds.before_iteration
 
-    def killed(run_, k, *a, **kw):
+    def killed(self, k):
         if k == 1:
             raise KeyboardInterrupt  # the process dies after round 1's checkpoint
-        return real(run_, k, *a, **kw)
+        return real(self, k)
 
     cut = tmp_path / "cut"
-    monkeypatch.setattr(align, "_one_round", killed)
+    monkeypatch.setattr(align.GrapeRounds, "before_iteration", killed)
     with pytest.raises(SystemExit):
         run(["align", *args, "--run_dir", str(cut)])
     assert (cut / "checkpoints" / "iter_000001").exists() and not (cut / "checkpoints" / "iter_000002").exists()
-    monkeypatch.setattr(align, "_one_round", real)
+    monkeypatch.setattr(align.GrapeRounds, "before_iteration", real)
     with pytest.raises(SystemExit):  # the folder holds a run: resuming must be asked for
         run(["align", *args, "--run_dir", str(cut)])
     resumed = run(["align", *args, "--run_dir", str(cut), "--resume", "true"])
@@ -225,8 +225,8 @@ def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_
 @pytest.mark.parametrize("objective", ["task", "safety", "efficiency"])
 def test_align_presets_parse_with_their_measured_settings(objective: str):
     """Each ``align_<objective>`` preset sets its objective and its rounds (10; 15 for efficiency); the
-    task and safety presets imitate the chosen successes and the pre-training demos at filtered_bc's rate (sessions
-    49 and 52); the efficiency preset leaves both out (they slow its successes, sessions 51-52)."""
+    task and safety presets imitate the chosen successes and the pre-training demos at filtered_bc's rate; the
+    efficiency preset leaves both out (they slow its successes)."""
     from vla_rl.cli import parse_config
     from vla_rl.grape.rounds import AlignConfig
 
@@ -240,7 +240,8 @@ def test_align_presets_parse_with_their_measured_settings(objective: str):
 
 def test_demo_bc_defaults_to_the_demos_the_policy_was_pretrained_on(tmp_path: Path, capsys):
     """``--tpo.demo_bc`` without ``--tpo.demos`` reads the ``dataset`` of the policy folder's ``sft.json`` (the
-    quickstart and ``vla-rl sft`` write it); a policy that records none is refused with the field to set."""
+    quickstart and ``vla-rl sft`` write it); a policy that records none is refused with the field to set, except in
+    a smoke run, which leaves the demo mix out and says so."""
     from vla_rl.grape.rounds import AlignConfig, _with_pretraining_demos
     from vla_rl.train_config import POLICY_CHOICES
 
@@ -257,8 +258,24 @@ def test_demo_bc_defaults_to_the_demos_the_policy_was_pretrained_on(tmp_path: Pa
                                           f"with --tpo.demo_bc 0 \\({policy}/sft.json names no"):
         _with_pretraining_demos(AlignConfig(policy=path, tpo=TPOConfig(demo_bc=10.0)))
     with pytest.raises(SystemExit) as exc:
-        run(["align", *TOY, "--tpo.demo_bc", "10", "--run_dir", str(tmp_path / "r")])
+        run(["align", "--tpo.demo_bc", "10", "--run_dir", str(tmp_path / "r")])
     assert exc.value.code == 2 and "a fresh policy has no pre-training data" in capsys.readouterr().err
+    smoke = _with_pretraining_demos(AlignConfig(tpo=TPOConfig(demo_bc=10.0, bc_lr=1e-3), smoke=True))
+    assert (smoke.tpo.demo_bc, smoke.tpo.bc_lr) == (0.0, 0.0)  # a smoke run leaves the mix (and its rate) out
+    assert "smoke: the demo mix tpo.demo_bc 10 is left out" in capsys.readouterr().out
+
+
+def test_the_readme_smoke_command_runs_as_written_without_the_demo_mix(tmp_path: Path, capsys):
+    """``vla-rl align --preset align_task --smoke true --rounds 1`` (README.md, "Using the stack") on a fresh clone:
+    the preset mixes in the demos its policy was pre-trained on (``tpo.demo_bc``), which a fresh policy does not
+    have; the smoke run leaves the mix out, says so, and runs its round with the preset's other terms."""
+    out = tmp_path / "run"
+    summary = run(["align", "--preset", "align_task", "--smoke", "true", "--rounds", "1", "--run_dir", str(out)])
+    assert ("smoke: the demo mix tpo.demo_bc 10 is left out (a fresh policy has no pre-training data)"
+            in capsys.readouterr().out)
+    assert [r["round"] for r in summary["per_round"]] == [0, 1] and summary["per_round"][1]["update"]["pairs"] > 0
+    saved = json.loads((out / "checkpoints" / "iter_000001" / "config.json").read_text())
+    assert (saved["tpo"]["demo_bc"], saved["tpo"]["chosen_bc"], saved["tpo"]["bc_lr"]) == (0.0, 10.0, 1e-3)
 
 
 def _stub_trajectory(tid: int, success: bool) -> "Trajectory":
@@ -273,7 +290,7 @@ def test_replay_reads_the_successes_of_the_rounds_before_from_their_files(tmp_pa
     """``--tpo.replay_rounds K``: round k's update gets the successes written by rounds k-K .. k-1 (failures and
     older rounds left out; a round without a file skipped), read from ``trajectories.pt`` so that a resumed run
     replays what the uninterrupted one did."""
-    from vla_rl.grape.rounds import AlignConfig, _Run
+    from vla_rl.grape.rounds import AlignConfig, GrapeRounds
     from vla_rl.grape.trajectory import save_trajectories
 
     rounds = {0: [(0, True), (1, False)], 1: [(2, True), (3, True)], 3: [(4, True)]}
@@ -284,11 +301,11 @@ def test_replay_reads_the_successes_of_the_rounds_before_from_their_files(tmp_pa
 
     def ids(replay_rounds: int, k: int) -> list[int]:
         cfg = AlignConfig(tpo=TPOConfig(chosen_bc=1.0, replay_rounds=replay_rounds))
-        return [t.id for t in _Run(cfg, tmp_path).replay(k)]
+        return [t.id for t in GrapeRounds(cfg, tmp_path, []).replay(k)]
 
     assert ids(1, 1) == [0] and ids(2, 2) == [0, 2, 3] and ids(1, 2) == [2, 3]
     assert ids(2, 4) == [4] and ids(1, 0) == [] and ids(0, 3) == []
-    run_ = _Run(AlignConfig(tpo=TPOConfig(chosen_bc=1.0, replay_rounds=2)), tmp_path)
+    run_ = GrapeRounds(AlignConfig(tpo=TPOConfig(chosen_bc=1.0, replay_rounds=2)), tmp_path, [])
     assert len(run_.replay(2)) == 3 and len(run_.replay(4)) == 1 and set(run_._successes) == {3}  # older ones dropped
 
 
@@ -296,10 +313,11 @@ def test_align_toy_run_with_replay_trains_and_resumes_like_an_uninterrupted_run(
     """A toy run with ``--tpo.chosen_bc 1 --tpo.replay_rounds 1`` whose first round has successes: round 2's update
     reports the pool it replayed, and a run killed after round 1 and resumed ends with the same weights."""
     import vla_rl.grape.rounds as align
+    import vla_rl.grape.tpo as tpo
 
     args = [*TOY, "--env.obs_mode", "state", "--env.wrist_camera", "false", "--save_dataset", "false",
             "--tpo.chosen_bc", "1", "--tpo.replay_rounds", "1"]
-    real_round = align.preference_round
+    real_round = tpo.preference_round
 
     def with_successes(*a, **kw):  # a random toy policy rarely succeeds: mark half its episodes successes
         data = real_round(*a, **kw)
@@ -307,23 +325,23 @@ def test_align_toy_run_with_replay_trains_and_resumes_like_an_uninterrupted_run(
             t.success = True
         return data
 
-    monkeypatch.setattr(align, "preference_round", with_successes)
+    monkeypatch.setattr(tpo, "preference_round", with_successes)
     full = run(["align", *args, "--run_dir", str(tmp_path / "full")])
     pool = full["per_round"][2]["update"].get("replay_pool")
     written = [t for t in load_trajectories(tmp_path / "full" / "rounds" / "round_000" / "trajectories.pt") if t.success]
     assert pool == len(written) > 0 and "replay_pool" not in full["per_round"][1]["update"]
 
-    real = align._one_round
+    real = align.GrapeRounds.before_iteration
 
-    def killed(run_, k, *a, **kw):
+    def killed(self, k):
         if k == 1:
             raise KeyboardInterrupt
-        return real(run_, k, *a, **kw)
+        return real(self, k)
 
-    monkeypatch.setattr(align, "_one_round", killed)
+    monkeypatch.setattr(align.GrapeRounds, "before_iteration", killed)
     with pytest.raises(SystemExit):
         run(["align", *args, "--run_dir", str(tmp_path / "cut")])
-    monkeypatch.setattr(align, "_one_round", real)
+    monkeypatch.setattr(align.GrapeRounds, "before_iteration", real)
     run(["align", *args, "--run_dir", str(tmp_path / "cut"), "--resume", "true"])
     a, b = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,11 +174,28 @@ def _done(trajs: list[Trajectory], settings: GrapeSettings) -> bool:
 
 @dataclass
 class RoundData:
-    """One round's scored trajectories, its pairs and the states that gave none."""
+    """One round's scored trajectories, its pairs, the states that gave none, and the successes of earlier rounds
+    the update also imitates (``tpo.replay_rounds``)."""
 
     trajectories: list[Trajectory]
     pairs: list[PreferencePair]
     unpaired_states: list[int]
+    replay: list[Trajectory] = field(default_factory=list)
+
+
+@dataclass
+class RoundSampling:
+    """How the TPO learner samples each round (:meth:`vla_rl.grape.tpo.TPOLearner.collect`)."""
+
+    settings: GrapeSettings = field(default_factory=GrapeSettings)
+    """Sampling, pairing and the score."""
+    costs: list[str] | None = None
+    """The cost terms the rollout engine's reward records (None: the score's)."""
+    states: int = 4
+    """Seeded initial states per round."""
+    replay: Callable[[int], list[Trajectory]] | None = None
+    """Round index -> the successes of the rounds before it to replay (``vla-rl align`` reads its round files);
+    None: nothing to replay from."""
 
 
 def preference_round(engine: RolloutEngine, seeds: list[int], settings: GrapeSettings,

@@ -9,24 +9,27 @@ sum over the trajectory's decisions of the policy's log-prob of its recorded sam
 and the LeRobot pi0 / pi0.5 / SmolVLA adapters re-score the recorded denoising chain (Flow-SDE /
 Flow-Noise), the autoregressive policy its action tokens.
 
-The learner needs :attr:`Needs.PREFERENCES`: under ``vla-rl align`` (:mod:`vla_rl.grape.rounds`) it samples,
-scores and pairs one round per iteration with the run's settings (:meth:`TPOLearner.set_round`); under
-``vla-rl train --algo.type tpo`` with the default ones.
+The learner needs :attr:`Needs.PREFERENCES`: each iteration it samples, scores and pairs one GRAPE round
+(:func:`vla_rl.grape.sampling.preference_round`) as its :attr:`TPOLearner.sampling` says: ``vla-rl align``
+(:mod:`vla_rl.grape.rounds`) sets the run's settings, ``vla-rl train --algo.type tpo`` keeps the defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from policies.base import Policy
 from vla_rl.algorithms.base import IterationInputs, Learner, LearnerConfig, Needs, SmokeLimits, register_learner
 from vla_rl.config import ConfigError
 from vla_rl.data.chunks import ChunkDataset, cat_obs
+from vla_rl.grape.sampling import RoundData, RoundSampling, preference_round
 from vla_rl.grape.trajectory import PreferencePair, Trajectory, trajectory_logp
 
 
@@ -161,7 +164,8 @@ class TPOConfig(LearnerConfig):
     max_grad_norm: float = 1.0
     """Gradient-norm clip of the policy parameters."""
     states_per_iter: int = 4
-    """``vla-rl train --algo.type tpo`` only: initial states sampled per iteration (``vla-rl align`` has its own)."""
+    """``vla-rl train --algo.type tpo`` only: initial states sampled per iteration (``vla-rl align``: its
+    ``states_per_round``)."""
     seed: int = 0
     """Seed of the pair shuffling."""
 
@@ -223,6 +227,8 @@ class TPOLearner(Learner):
         self._demo_gen = torch.Generator().manual_seed(cfg.seed + 1)  # demo rows; the pair order stays as without
         self._replay_gen = torch.Generator().manual_seed(cfg.seed + 2)  # replayed successes, likewise
         self.demos: ChunkDataset | None = None
+        self.sampling = RoundSampling(states=cfg.states_per_iter)
+        """How :meth:`collect` samples a round; ``vla-rl align`` sets the run's (:mod:`vla_rl.grape.rounds`)."""
 
     def distribute(self, dist: Any) -> None:
         """One process only: each rank would pair its own rollouts and take a different number of steps, and the
@@ -236,23 +242,29 @@ class TPOLearner(Learner):
                               "train --algo.type tpo without accelerate launch / torchrun")
         super().distribute(dist)
 
-    def collect(self, inputs: IterationInputs) -> list[PreferencePair]:
-        """The iteration's pairs: ``inputs.data`` when it holds pairs, else one GRAPE round sampled here.
+    def collect(self, inputs: IterationInputs) -> RoundData:
+        """The iteration's round: ``inputs.data`` when it holds pairs, else one GRAPE round sampled here as
+        :attr:`sampling` says, from the initial states ``inputs.seed_base + i``, with the earlier rounds' successes
+        it replays.
 
         Raises:
             ValueError: with neither pairs nor a rollout engine.
+            ConfigError: for ``replay_rounds`` without a source of earlier rounds (``vla-rl train``).
         """
         if isinstance(inputs.data, list):
-            return inputs.data
-        if self.cfg.replay_rounds:
+            return RoundData([], inputs.data, [])
+        s = self.sampling
+        if self.cfg.replay_rounds and s.replay is None:
             raise ConfigError("algo.replay_rounds replays earlier rounds' successes from the round files vla-rl "
                               "align writes; vla-rl train --algo.type tpo keeps none (use vla-rl align)")
         if inputs.engine is None:
             raise ValueError("tpo: no preference pairs and no env to sample them from")
-        from vla_rl.grape import GrapeSettings, preference_round
-
-        seeds = [inputs.seed_base + i for i in range(self.cfg.states_per_iter)]
-        return preference_round(inputs.engine, seeds, GrapeSettings()).pairs
+        seeds = [inputs.seed_base + i for i in range(s.states)]
+        with tqdm(desc=f"round {inputs.iteration + 1} sampling", unit="traj", leave=False) as bar:
+            data = preference_round(inputs.engine, seeds, s.settings, s.costs, progress=bar)
+        if s.replay is not None:
+            data.replay = s.replay(inputs.iteration)
+        return data
 
     @torch.no_grad()
     def reference_logps(self, pairs: list[PreferencePair]) -> dict[int, torch.Tensor]:
@@ -264,18 +276,21 @@ class TPOLearner(Learner):
                     out[id(t)] = trajectory_logp(self.policy, t).detach()
         return out
 
-    def update(self, batch: list[PreferencePair], replay: list[Trajectory] | None = None) -> dict[str, float]:
-        """``epochs`` passes of :func:`tpo_loss` over ``batch`` (shuffled, ``pairs_per_step`` per step).
+    def update(self, batch: RoundData | Sequence[PreferencePair]) -> dict[str, float]:
+        """``epochs`` passes of :func:`tpo_loss` over the round's pairs (shuffled, ``pairs_per_step`` per step).
 
-        ``replay``: earlier rounds' successful trajectories; with ``chosen_bc`` each step imitates ``replay_batch``
-        of them (drawn with replacement) beside its pairs' chosen successes.
+        ``batch``: a round (what :meth:`collect` returns) or its pairs alone. A round's ``replay`` holds earlier
+        rounds' successful trajectories; with ``chosen_bc`` each step imitates ``replay_batch`` of them (drawn
+        with replacement) beside its pairs' chosen successes.
 
-        Returns the mean of each loss statistic over the last epoch (``tpo_loss``, ``reward_margin``,
-        ``accuracy``, ...) and ``pairs``; an empty batch returns ``{"pairs": 0}`` and changes nothing.
+        Returns ``update/<name>``: the mean of each loss statistic over the last epoch (``tpo_loss``,
+        ``reward_margin``, ``accuracy``, ...) and ``pairs``; no pairs return ``{"update/pairs": 0}`` and change
+        nothing.
         """
+        batch, replay = (batch.pairs, batch.replay) if isinstance(batch, RoundData) else (list(batch), [])
         self.iteration += 1
         if not batch:
-            return {"pairs": 0.0}
+            return {"update/pairs": 0.0}
         was_training = self.policy.training
         self.policy.eval()  # deterministic re-scoring: the reference and the policy see the same network
         ref = self.reference_logps(batch) if self.cfg.preference else {}
@@ -300,10 +315,10 @@ class TPOLearner(Learner):
                 for k, v in stats.items():
                     last.setdefault(k, []).append(float(v))
         self.policy.train(was_training)
-        out = {k: sum(v) / len(v) for k, v in last.items()}
-        out["pairs"] = float(len(batch))
+        out = {f"update/{k}": sum(v) / len(v) for k, v in last.items()}
+        out["update/pairs"] = float(len(batch))
         if replay and self.cfg.chosen_bc > 0:
-            out["replay_pool"] = float(len(replay))
+            out["update/replay_pool"] = float(len(replay))
         return out
 
     def optimizers(self) -> list[torch.optim.Optimizer]:

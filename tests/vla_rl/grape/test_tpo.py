@@ -11,6 +11,7 @@ import torch
 
 from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Needs
+from vla_rl.grape.sampling import RoundData
 from vla_rl.grape.tpo import TPOConfig, TPOLearner, tpo_loss
 from vla_rl.grape.trajectory import PreferencePair, Trajectory, trajectory_logp
 from vla_rl.policy_factory import build_policy_from_fields
@@ -109,14 +110,14 @@ def test_tpo_raises_the_chosen_trajectorys_likelihood_relative_to_the_rejected(k
         new_c, new_r = trajectory_logp(policy, chosen), trajectory_logp(policy, rejected)
     margin = float((new_c - ref_c) - (new_r - ref_r))
     assert margin > MARGIN, (kind, margin, stats)
-    assert stats["pairs"] == 1.0 and stats["reward_margin"] > 0
+    assert stats["update/pairs"] == 1.0 and stats["update/reward_margin"] > 0
 
 
 def test_empty_batch_changes_nothing():
     torch.manual_seed(0)
     policy = build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True)
     before = [p.clone() for p in policy.parameters()]
-    assert TPOLearner(TPOConfig(), policy).update([]) == {"pairs": 0.0}
+    assert TPOLearner(TPOConfig(), policy).update([]) == {"update/pairs": 0.0}
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 
@@ -135,7 +136,7 @@ def test_chosen_penalty_keeps_the_chosen_trajectory_likely():
             [PreferencePair(0, chosen, rejected)])
         with torch.no_grad():
             ends[penalty] = float(trajectory_logp(policy, chosen)) - ref
-        assert "chosen_drop" in stats
+        assert "update/chosen_drop" in stats
     assert ends[0.0] < 0 and ends[50.0] > 0.1 * ends[0.0], ends  # loses under a tenth of what plain TPO loses
     with pytest.raises(ValueError, match="algo.chosen_penalty"):
         TPOConfig(chosen_penalty=-1.0)
@@ -159,7 +160,7 @@ def test_chosen_nll_raises_the_chosen_trajectorys_likelihood():
             new_c, new_r = float(trajectory_logp(policy, chosen)), float(trajectory_logp(policy, rejected))
         ends[alpha] = new_c - ref_c
         assert (new_c - ref_c) - (new_r - ref_r) > MARGIN, (alpha, stats)
-        assert ("chosen_nll" in stats) == (alpha > 0)
+        assert ("update/chosen_nll" in stats) == (alpha > 0)
     assert ends[0.0] < 0 and ends[1.0] > 0.05 * ends[0.0] and ends[10.0] > 0, ends
     with pytest.raises(ValueError, match="algo.chosen_nll"):
         TPOConfig(chosen_nll=-1.0)
@@ -190,8 +191,9 @@ def test_chosen_bc_imitates_the_chosen_successs_actions(kind: str):
         return float((got - chosen.actions).abs().mean()), stats
 
     (pure, pure_stats), (imitated, stats) = run(0.0), run(10.0)
-    assert imitated < 0.7 * pure and stats["chosen_bc"] > 0 and "chosen_bc" not in pure_stats, (pure, imitated)
-    assert "chosen_bc" not in run(10.0, chosen_id=2)[1]
+    assert imitated < 0.7 * pure and stats["update/chosen_bc"] > 0, (pure, imitated)
+    assert "update/chosen_bc" not in pure_stats
+    assert "update/chosen_bc" not in run(10.0, chosen_id=2)[1]
     with pytest.raises(ValueError, match="algo.chosen_bc"):
         TPOConfig(chosen_bc=-1.0)
     with pytest.raises(ValueError, match=r"algo.chosen_bc needs a policy with a supervised loss; NoSFT has none \(set"):
@@ -217,11 +219,12 @@ def test_nll_on_successes_only_orders_two_failures_without_imitating_the_better_
     pure = _after_update(2, chosen_nll=0.0)
     failure = _after_update(2, chosen_nll=10.0, nll_successes_only=True)
     assert failure[0] == pytest.approx(pure[0], abs=1e-4) and failure[1] == pytest.approx(pure[1], abs=1e-4)
-    assert "chosen_nll" not in failure[2] and failure[0] - failure[1] > MARGIN
+    assert "update/chosen_nll" not in failure[2] and failure[0] - failure[1] > MARGIN
     imitated = _after_update(2, chosen_nll=10.0)  # the default: the chosen failure is pulled up too
-    assert imitated[0] > pure[0] + 1.0 and "chosen_nll" in imitated[2]
+    assert imitated[0] > pure[0] + 1.0 and "update/chosen_nll" in imitated[2]
     success = _after_update(0, chosen_nll=10.0, nll_successes_only=True)
-    assert success[:2] == pytest.approx(_after_update(0, chosen_nll=10.0)[:2], abs=1e-4) and "chosen_nll" in success[2]
+    assert success[:2] == pytest.approx(_after_update(0, chosen_nll=10.0)[:2], abs=1e-4)
+    assert "update/chosen_nll" in success[2]
 
 
 def test_tpo_on_instruction_pairs_binds_a_trajectory_to_its_own_instruction():
@@ -286,7 +289,7 @@ def test_demo_bc_imitates_the_demos_beside_the_preference(tmp_path):
     (pure, pure_margin, pure_stats), (mixed, margin, stats) = run(0.0), run(10.0)
     assert mixed < 0.7 * pure, (pure, mixed)
     assert margin > MARGIN and pure_margin > MARGIN, (pure_margin, margin)
-    assert stats["demo_bc"] > 0 and "demo_bc" not in pure_stats
+    assert stats["update/demo_bc"] > 0 and "update/demo_bc" not in pure_stats
     with pytest.raises(ValueError, match="algo.demo_bc imitates demos: name their LeRobotDataset with algo.demos"):
         TPOLearner(TPOConfig(demo_bc=1.0), build_policy_from_fields("compact-flow", {}, fields, smoke=True))
     with pytest.raises(ValueError, match="algo.demos='d' is read only with algo.demo_bc > 0"):
@@ -313,8 +316,8 @@ def test_tpo_refuses_several_processes_and_names_the_way_out():
 
 
 def test_replay_imitates_earlier_rounds_successes_beside_the_pairs():
-    """``replay_rounds`` with ``chosen_bc``: each step also imitates ``replay_batch`` of the earlier successes passed
-    to ``update``, so the deterministic policy's actions on a replayed success's observations, and its supervised
+    """``replay_rounds`` with ``chosen_bc``: each step also imitates ``replay_batch`` of the earlier successes its round
+    hands ``update``, so the deterministic policy's actions on a replayed success's observations, and its supervised
     loss there, move toward that success's executed chunks more than the same update without the replay; the pool's
     size is reported. Config errors name the field."""
     def run(replay: bool) -> tuple[float, float, dict]:
@@ -324,7 +327,8 @@ def test_replay_imitates_earlier_rounds_successes_beside_the_pairs():
         earlier = _trajectory(policy, 0, seed=7, t=3)
         earlier.actions = earlier.actions + 0.5  # away from what the policy plays there
         cfg = TPOConfig(lr=3e-3, epochs=10, beta=1.0, chosen_bc=10.0, replay_rounds=1, replay_batch=2)
-        stats = TPOLearner(cfg, policy).update([PreferencePair(0, chosen, rejected)], [earlier] if replay else None)
+        batch = RoundData([], [PreferencePair(0, chosen, rejected)], [], replay=[earlier] if replay else [])
+        stats = TPOLearner(cfg, policy).update(batch)
         policy.eval()
         with torch.no_grad():
             policy.reset()
@@ -335,7 +339,7 @@ def test_replay_imitates_earlier_rounds_successes_beside_the_pairs():
 
     (far, high, plain), (near, low, stats) = run(False), run(True)
     assert near < 0.85 * far and low < 0.85 * high, (far, near, high, low)  # 0.99 -> 0.76 and 2.51 -> 1.98
-    assert stats["replay_pool"] == 1.0 and "replay_pool" not in plain
+    assert stats["update/replay_pool"] == 1.0 and "update/replay_pool" not in plain
     with pytest.raises(ValueError, match="algo.replay_rounds=2 adds earlier successes to chosen_bc"):
         TPOConfig(replay_rounds=2)
     with pytest.raises(ValueError, match="algo.replay_batch must be >= 1"):
@@ -391,13 +395,14 @@ def test_preference_false_trains_the_imitation_terms_alone():
         return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
     (a, stats), (b, _) = run(2, preference=False), run(3, preference=False)
-    assert gap(a, b) == 0.0 and "tpo_loss" not in stats and {"chosen_nll", "chosen_bc"} <= stats.keys()
+    assert gap(a, b) == 0.0 and "update/tpo_loss" not in stats
+    assert {"update/chosen_nll", "update/chosen_bc"} <= stats.keys()
     torch.manual_seed(0)
     start = [p.detach().clone() for p in build_policy_from_fields("compact-flow", {}, DERIVED, smoke=True)
              .actor_parameters()]
     assert gap(a, start) > 1e-3  # the imitation terms moved the weights
     (c, with_pref), (d, _) = run(2), run(3)
-    assert gap(c, d) > 1e-4 and "tpo_loss" in with_pref
+    assert gap(c, d) > 1e-4 and "update/tpo_loss" in with_pref
     with pytest.raises(ValueError, match="algo.preference false leaves nothing to train"):
         TPOConfig(preference=False)
     with pytest.raises(ValueError, match="algo.chosen_penalty=0.5 is part of the preference loss"):
