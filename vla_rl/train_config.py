@@ -90,7 +90,7 @@ class EvalConfig:
     """Periodic deterministic evaluation on held-out seeds."""
 
     episodes: int = 20
-    """Episodes per evaluation."""
+    """Episodes per evaluation; 0: the trainer does not evaluate (a command's hook may, as ``vla-rl align``'s does)."""
     num_envs: int = 0
     """Eval envs; 0 = the same as env.num_envs."""
     seed: int | None = None
