@@ -204,9 +204,8 @@ def test_align_toy_run_with_the_autoregressive_policy(tmp_path: Path):
 
 
 def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_episode(tmp_path: Path):
-    """``evaluate_policy_folder`` (``benchmarks/grape.py --rescore``, and its PPO row's ``on_task_episodes``) plays
-    the run's held-out episodes again."""
-    from tests.benchmarks import load_benchmark
+    """``evaluate_policy_folder`` (what ``benchmarks/grape.py`` evaluates other policies on a run's episodes with)
+    plays the run's held-out episodes again."""
     from vla_rl.cli import parse_config
     from vla_rl.grape.rounds import AlignConfig, evaluate_policy_folder
 
@@ -218,8 +217,6 @@ def test_a_checkpoint_evaluated_alone_reproduces_the_runs_evaluation_episode_by_
     again = evaluate_policy_folder(cfg)
     assert again["per_episode"] == report["after"]["per_episode"] and again["success"] == report["after"]["success"]
     assert len(again["per_episode"]["seed"]) == 4 == len(set(again["per_episode"]["seed"]))
-    other = load_benchmark("grape").on_task_episodes(tmp_path, last / "policy", 4)  # e.g. PPO's final policy
-    assert (other["success"], other["episodes"]) == (report["after"]["success"], 4)
 
 
 @pytest.mark.parametrize("objective", ["task", "safety", "efficiency"])
