@@ -31,11 +31,10 @@ if str(ROOT) not in sys.path:  # the scripts import the project's packages from 
     sys.path.insert(0, str(ROOT))
 
 from vla_core.manifest import write_text_atomic  # noqa: E402
-from vla_rl.evaluation import wilson_interval  # noqa: E402
 
 __all__ = ["ROOT", "add_output_args", "command_line", "commit", "eval_curve", "machine", "markdown_table",
            "metric_rows", "publish",
-           "replace_block", "run_seeds", "SeedRun", "split_passthrough", "wilson_interval"]
+           "replace_block", "run_seeds", "SeedRun", "split_passthrough"]
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 RESULTS_PAGE = ROOT / "docs" / "results.md"
@@ -55,7 +54,7 @@ def commit() -> str:
                               check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout, or no git
         return "unknown"
     return head + ("+dirty" if dirty else "")
 

@@ -514,23 +514,9 @@ def prm_ok(row: dict[str, Any], episodes: int = 400) -> bool:
     return bool(row["sparse_improved"] and not math.isnan(ratio) and ratio <= 0.6 and row["mixed_final"] >= low)
 
 
-def trailing_means(curve: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
-    """``[(step, mean of the success at this evaluation and the window - 1 before it)]`` (fewer at the start)."""
-    out = []
-    for i, (step, _) in enumerate(curve):
-        recent = [succ for _, succ in curve[max(0, i - window + 1):i + 1]]
-        out.append((step, sum(recent) / len(recent)))
-    return out
-
-
-def prm_crossing(sparse: list[tuple[int, float]], mixed: list[tuple[int, float]],
-                 window: int = 1) -> tuple[float, int | None, float]:
+def prm_crossing(sparse: list[tuple[int, float]], mixed: list[tuple[int, float]]) -> tuple[float, int | None, float]:
     """``(target, steps, ratio)``: the sparse run's final success, the env steps of the PRM run's first evaluation
-    after some RL (the step-0 one is the shared start) at or above it, and those steps over the sparse run's.
-    ``window`` > 1 reads both curves as trailing means of that many evaluations (:func:`trailing_means`), a
-    reading less moved by one evaluation's noise (400 episodes: about +-0.05) than the single-evaluation one
-    (``window`` 1, the benchmark's target)."""
-    sparse, mixed = trailing_means(sparse, window), trailing_means(mixed, window)
+    after some RL (the step-0 one is the shared start) at or above it, and those steps over the sparse run's."""
     target = sparse[-1][1]
     reached = next((step for step, succ in mixed if step > 0 and succ >= target - 1e-9), None)
     return target, reached, (reached / sparse[-1][0] if reached is not None else float("nan"))
@@ -548,19 +534,6 @@ def rl_seconds(rows: list[dict[str, Any]]) -> float:
     """The seconds a run's RL iterations took (``time/iteration_s`` of its :func:`metrics` rows, summed): unlike the
     report's wall time, this covers every segment of a run that was resumed."""
     return float(sum(r.get("time/iteration_s", 0.0) or 0.0 for r in rows))
-
-
-def task_curves(rows: list[dict[str, Any]], every: int = 20) -> dict[str, list[tuple[int, float, float]]]:
-    """``{task: [(env steps, recent training success, sampling weight)]}`` from a run's ``task/*`` scalars (its
-    :func:`metrics` rows), every ``every``-th iteration and the last."""
-    curves: dict[str, list[tuple[int, float, float]]] = {}
-    for row in rows:
-        for key, value in row.items():
-            if key.startswith("task/") and key.endswith("/success"):
-                name = key[len("task/"):-len("/success")]
-                curves.setdefault(name, []).append((int(row["step"]), float(value),
-                                                    float(row.get(f"task/{name}/weight", float("nan")))))
-    return {task: curve[::every] + ([curve[-1]] if (len(curve) - 1) % every else []) for task, curve in curves.items()}
 
 
 def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos: int, sft_steps: int,
@@ -594,8 +567,7 @@ def part_curriculum(seed: int, out: Path, iterations: int, per_task: int, demos:
             "after_ci": s["success_after_ci"], "episodes": s["episodes_per_eval"], "env_steps": s["env_steps"],
             "per_task_before": {t: r["success"] for t, r in s["per_task_before"].items()},
             "per_task_after": {t: r["success"] for t, r in s["per_task_after"].items()},
-            "gradient_steps": gradient_steps(logged), "wall_s": s["wall_seconds"], "rl_s": rl_seconds(logged),
-            "curves": task_curves(logged)}
+            "gradient_steps": gradient_steps(logged), "wall_s": s["wall_seconds"], "rl_s": rl_seconds(logged)}
     base = rows.get("uniform")
     out_row: dict[str, Any] = {"seed": seed, "iterations": iterations, "episodes_per_task": per_task,
                                "demos": demos, "sft_steps": sft_steps, "min_buffer": min_buffer, "preset": preset,

@@ -62,7 +62,7 @@ def gain_of(r: dict) -> float:
 
 
 def meets_target(r: dict) -> bool:
-    """The issue's per-seed target: gain >= MIN_GAIN over >= MIN_EPISODES episodes, within the time budget."""
+    """The per-seed target: gain >= MIN_GAIN over >= MIN_EPISODES episodes, within the time budget."""
     n = r["episodes_per_eval"]
     return _episodes_gained(r) >= round(MIN_GAIN * n) and n >= MIN_EPISODES and r["wall"] <= BUDGET_S
 

@@ -89,7 +89,7 @@ def test_disk_full_during_a_checkpoint_says_so_in_one_line_and_the_run_resumes(s
 
 @pytest.mark.slow  # the fallback itself is tested fast in tests/vla_rl/test_checkpoint.py
 def test_a_truncated_newest_trainer_pt_is_skipped_in_one_line_and_the_run_resumes(straight, tmp_path: Path) -> None:
-    """The issue's first case as a user meets it: ``trainer.pt`` of the newest checkpoint truncated."""
+    """The first case as a user meets it: ``trainer.pt`` of the newest checkpoint truncated."""
     ref, _ = straight
     run_dir = tmp_path / "run"
     assert train_forked(run_dir, iterations=3).status == "ok"
