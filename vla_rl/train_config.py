@@ -21,7 +21,6 @@ from policies.registry import POLICIES
 from rewards.config import RewardConfig
 from vla_core.registry import Entry, RegistryChoice
 from vla_rl.algorithms import filtered_bc as _filtered_bc  # noqa: F401  (registers the built-in learners)
-from vla_rl.algorithms import grpo as _grpo  # noqa: F401
 from vla_rl.algorithms import ppo as _ppo  # noqa: F401
 from vla_rl.algorithms import rac as _rac  # noqa: F401
 from vla_rl.algorithms import sft as _sft  # noqa: F401
