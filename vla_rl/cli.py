@@ -82,7 +82,8 @@ def parse_config(config_class: type, args: Sequence[str], prog: str | None = Non
 
     args = list(args)
     preset = _pop_option(args, "--preset")
-    config_path = _pop_option(args, "--config_path") or (str(preset_path(preset)) if preset else None)
+    preset_file = str(preset_path(preset)) if preset else None
+    config_path = _pop_option(args, "--config_path") or preset_file
     given = _read_config_file(config_path)
     start = _start_values(config_class, given, args)
     where = f" ({config_path})" if config_path else ""
@@ -303,14 +304,15 @@ def _help_for(parser: Any, config_class: type, start: dict[str, Any]) -> None:
         chosen = typ.get_choice_class(section.get("type") or typ.default_choice_name())
         allowed = {fld.name for fld in dataclasses.fields(chosen)} | {"type"}
         others = {fld.name for choice in typ.get_known_choices().values() for fld in dataclasses.fields(choice)}
-        for action in list(parser._actions):
-            head, _, rest = action.dest.partition(".")
-            if (head == f.name and rest and rest.partition(".")[0] not in allowed  # --policy.<another type's field>
-                    or not rest and head in others - allowed - top):  # draccus's "--<section> FILE" of another type
-                parser._remove_action(action)
-                for group in parser._action_groups:
-                    if action in group._group_actions:
-                        group._group_actions.remove(action)
+        # by group: a field two types share leaves the first type's action in its group, no longer in _actions
+        for group in parser._action_groups:
+            for action in list(group._group_actions):
+                head, _, rest = action.dest.partition(".")
+                if (head == f.name and rest and rest.partition(".")[0] not in allowed  # --policy.<another type's field>
+                        or not rest and head in others - allowed - top):  # draccus's "--<section> FILE" of another type
+                    group._group_actions.remove(action)
+                    if action in parser._actions:
+                        parser._remove_action(action)
 
 
 def _help_formatter() -> type:
