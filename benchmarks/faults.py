@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     harness.publish("faults", args, text, rows={k: asdict(r) for k, r in results.items()},
                     summary={"n": args.n, "seed": args.seed, "load_average": os.getloadavg()[0]},
-                    command=harness.command_line("faults", argv))
+                    command=harness.command_line(argv))
     bad = sum(r.files_lost + r.commands_outside_envelope + r.failures for r in results.values())
     return 1 if bad else 0
 

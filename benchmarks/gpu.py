@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         res["pi0"] = bench_pi0(args.pi0_batches, args.repeats)
     table = markdown(res)
     print(table)
-    harness.publish("gpu", args, table, rows=res, command=harness.command_line("gpu", argv))
+    harness.publish("gpu", args, table, rows=res, command=harness.command_line(argv))
 
 
 if __name__ == "__main__":

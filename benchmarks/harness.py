@@ -8,7 +8,8 @@ A script measures, then calls :func:`publish`, which
   ``<!-- /results:NAME -->``, added once at the end of the page when the markers are missing.
 
 Every script takes ``--results-dir`` and ``--page`` (:func:`add_output_args`), so a smoke run writes to a
-temporary folder instead of the published files.
+temporary folder instead of the published files, and ``--name``, the name a run of another recipe of the same
+measurement (a second PRM recipe, say) publishes under, so it replaces its own table rather than the default's.
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ RESULTS_PAGE = ROOT / "docs" / "results.md"
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--results-dir`` and ``--page``: where :func:`publish` writes (default: the published files)."""
+    """Add ``--results-dir``, ``--page`` and ``--name``: where :func:`publish` writes (default: the published
+    files) and under which name (default: the benchmark's)."""
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="folder of NAME.json")
     parser.add_argument("--page", type=Path, default=RESULTS_PAGE, help="markdown page whose results block to replace")
+    parser.add_argument("--name", default=None, help="publish as NAME.json and the NAME block of the page "
+                        "(default: the benchmark's own name; another recipe of the same measurement takes its own)")
     return parser
 
 
@@ -72,10 +76,10 @@ def machine() -> str:
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {gpu}"
 
 
-def command_line(name: str, argv: Sequence[str] | None = None) -> str:
-    """``python benchmarks/NAME.py ARGS`` as the user typed it (``argv`` default: ``sys.argv[1:]``)."""
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """``python benchmarks/SCRIPT.py ARGS`` as the user typed it (``argv`` default: ``sys.argv[1:]``)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    return shlex.join(["python", f"benchmarks/{name}.py", *args])
+    return shlex.join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *args])
 
 
 def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -160,9 +164,11 @@ def replace_block(page: Path, name: str, body: str) -> None:
 def publish(name: str, args: argparse.Namespace, table: str, *, rows: Any = None, summary: Any = None,
             command: str | None = None) -> Path:
     """Write ``args.results_dir/NAME.json`` and replace the ``NAME`` block of ``args.page`` with ``table`` and a
-    line saying how it was made; returns the results file. ``rows`` / ``summary``: anything JSON can hold (values
-    it cannot, such as paths, are written as their ``str``)."""
-    command = command or command_line(name)
+    line saying how it was made (``NAME``: ``args.name`` when given, else ``name``); returns the results file.
+    ``rows`` / ``summary``: anything JSON can hold (values it cannot, such as paths, are written as their
+    ``str``). ``command``: the command line, when the script parsed other arguments than ``sys.argv``'s."""
+    command = command or command_line()
+    name = getattr(args, "name", None) or name
     record = {"benchmark": name, "command": command, "commit": commit(), "machine": machine(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows, "summary": summary}
     path = Path(args.results_dir) / f"{name}.json"

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [measure(c, args.batch, args.repeats) for c in selected]
     table = markdown_table(rows, args.batch)
     print(table)
-    harness.publish("policy_latency", args, table, rows=rows, command=harness.command_line("policy_latency", argv))
+    harness.publish("policy_latency", args, table, rows=rows, command=harness.command_line(argv))
 
 
 if __name__ == "__main__":

@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> str:
     ])
     print(body)
     harness.publish("train_step", args, body, rows={"update": update, "rollout": rollout},
-                    command=harness.command_line("train_step", argv))
+                    command=harness.command_line(argv))
     return body
 
 
