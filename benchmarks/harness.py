@@ -33,9 +33,8 @@ if str(ROOT) not in sys.path:  # the scripts import the project's packages from 
 
 from vla_core.manifest import write_text_atomic  # noqa: E402
 
-__all__ = ["ROOT", "add_output_args", "command_line", "commit", "eval_curve", "machine", "markdown_table",
-           "metric_rows", "publish",
-           "replace_block", "run_seeds", "SeedRun", "split_passthrough"]
+__all__ = ["ROOT", "SeedRun", "add_output_args", "command_line", "commit", "eval_curve", "machine", "markdown_table",
+           "metric_rows", "publish", "replace_block", "run_seeds", "split_passthrough"]
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 RESULTS_PAGE = ROOT / "docs" / "results.md"
@@ -103,9 +102,9 @@ class SeedRun:
 def run_seeds(command: Sequence[str], seeds: Sequence[int], *, env: dict[str, str] | None = None,
               check: bool = True, cwd: Path = ROOT) -> list[SeedRun]:
     """Run ``command`` once per seed, one after the other, each alone in a subprocess from ``cwd`` (default: the
-    repository root) with ``OMP_NUM_THREADS=1`` unless set; ``{seed}`` in any argument is replaced by the seed. ``env``: variables
-    added to this process's environment. With ``check``, raises ``RuntimeError`` naming the seed and the command
-    when one exits non-zero; without, its :class:`SeedRun` records the exit status."""
+    repository root) with ``OMP_NUM_THREADS=1`` unless set; ``{seed}`` in any argument is replaced by the seed.
+    ``env``: variables added to this process's environment. With ``check``, raises ``RuntimeError`` naming the
+    seed and the command when one exits non-zero; without, its :class:`SeedRun` records the exit status."""
     runs = []
     for seed in seeds:
         cmd = [part.replace("{seed}", str(seed)) for part in command]

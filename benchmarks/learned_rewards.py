@@ -606,8 +606,8 @@ def main() -> None:
                    help="name of the classifier folder under --out (and of the results' part): e.g. classifier-v2")
     p.add_argument("--iterations", type=int, default=200, help="PPO iterations (the quickstart_ppo preset's length)")
     p.add_argument("--eval_every", type=int, default=20,
-                   help="prm: evaluate every this many iterations (20 of 200: an evaluation falls on 60%% of the sparse "
-                        "run's env steps, the target's line)")
+                   help="prm: evaluate every this many iterations (20 of 200: an evaluation falls on 60%% of the "
+                        "sparse run's env steps, the target's line)")
     p.add_argument("--prm_weight", type=float, default=1.0)
     p.add_argument("--prm_anneal", type=float, default=None,
                    help="prm: the weight the prm term reaches at the run's last iteration, linearly from --prm_weight "
@@ -638,7 +638,8 @@ def main() -> None:
                         "whose weight anneals over its length, always starts fresh)")
     p.add_argument("--prm", default="progress",
                    help="prm: name of the process reward model folder under --out (trained there if missing); the "
-                        "sparse run is shared by every name, the mixed run is prm-mixed-<name>[-<mode>][-w<weight>][-a<anneal>]-s<seed>")
+                        "sparse run is shared by every name, the mixed run is "
+                        "prm-mixed-<name>[-<mode>][-w<weight>][-a<anneal>]-s<seed>")
     p.add_argument("--prm_mode", default="potential", choices=PRM_MODES,
                    help="prm: the term's form (reward.prm.mode): progress gained per chunk, or progress above the "
                         "episode's best so far (VLA-RL's milestones)")

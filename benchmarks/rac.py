@@ -6,8 +6,8 @@ Per seed, from one pre-trained policy, the quickstart's recipe on this task (``v
 mujoco/pick-place-stack --iterations 0``: the compact flow policy on the front and wrist cameras, pre-trained on
 ``--demos`` noisy scripted-expert episodes for ``--pretrain-steps``, 6000: at 3000 the arms mostly made up for
 under-training), the first three arms spend the same operator budget
-(``--budget`` env steps controlled by the operator; the demos arm as expert episodes, the last one cut at the budget) and the same number
-of gradient steps:
+(``--budget`` env steps controlled by the operator; the demos arm as expert episodes, the last one cut at the
+budget) and the same number of gradient steps:
 
 - ``rac``: ``--rounds`` rounds of the RaC learner (``--algo.type rac``): the current policy runs with the
   simulated operator (recovery, then correction; :mod:`vla_rl.intervention.operator`) until the round's share
@@ -382,13 +382,15 @@ def report(summary: dict[str, Any]) -> str:
         "several processes (`--arms`); wall times are noisy on a shared machine.",
         "",
         f"Task `{ENV_ID}` (front and wrist cameras + proprioception), the quickstart's compact flow policy pre-trained "
-        f"on {a['demos']} noisy expert demos for {a['pretrain_steps']} steps; each arm spends an operator budget of {a['budget']} env steps and "
+        f"on {a['demos']} noisy expert demos for {a['pretrain_steps']} steps; each arm spends an operator budget of "
+        f"{a['budget']} env steps and "
         f"{a['finetune_steps']} gradient steps (batch {a['batch']}, lr {a['lr']:g}"
-        + (f" after a {a['warmup']}-step warm-up" if a.get("warmup") else "") + ", demos mixed 1:1"
-        + (f", weights averaged with EMA decay {a['ema']}" if a.get("ema") else "") + "); RaC and DAgger in "
+        + (f" after a {a['warmup']}-step warm-up" if a["warmup"] else "") + ", demos mixed 1:1"
+        + (f", weights averaged with EMA decay {a['ema']}" if a["ema"] else "") + "); RaC and DAgger in "
         f"{a['rounds']} rounds; `rac_third`: RaC on a third of the budget; the demos arm's last episode is cut at the "
         f"budget. Simulated operator: reaction delay {a['reaction_delay']} steps, action noise "
-        f"{a['operator_noise']}, corrections from `{a.get('correct_from', 'approach')}`. Success over {a['eval_episodes']} held-out episodes per seed, 95% Wilson intervals."
+        f"{a['operator_noise']}, corrections from `{a['correct_from']}`. Success over {a['eval_episodes']} held-out "
+        "episodes per seed, 95% Wilson intervals."
         + (f" Arms with several training draws (own collection and training seeds; up to {most} here) pool the "
            "draws' episodes, the same held-out episodes for each; their interval counts episodes, not the spread "
            "between draws (listed in the row; the pooled table's last column counts it)." if most > 1 else ""),
