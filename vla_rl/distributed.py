@@ -41,6 +41,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -174,6 +175,17 @@ class Distributed:
         """This rank's first training seed of an iteration whose seeds start at ``base``."""
         return base + self.rank * local_envs
 
+    def reseed(self, seed: int, seed_all: Callable[[int], None]) -> None:
+        """Give every rank its own sampling noise from here on: ``seed_all(rank_seed(seed, rank))`` under several
+        processes; nothing with one (a one-process run keeps the stream it started with)."""
+        if self.enabled:
+            seed_all(rank_seed(seed, self.rank))
+
+    def rank_folder(self, folder: Path) -> Path:
+        """Where this rank keeps its own files under ``folder``: ``folder / rank<r>``, or ``folder`` itself with one
+        process."""
+        return folder / f"rank{self.rank}" if self.enabled else folder
+
     # -- the model
     def wrap(self, policy: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> Callable[..., Any]:
         """A caller ``call(method, *args)`` of ``policy``'s methods whose gradients are synchronized.
@@ -211,6 +223,10 @@ class Distributed:
     def sum(self, x: Tensor) -> Tensor:
         """Elementwise sum of ``x`` over ranks."""
         return self.accelerator.reduce(x.clone(), "sum") if self.enabled else x
+
+    def total(self, n: int) -> int:
+        """The count ``n`` summed over ranks (decisions, env steps)."""
+        return int(self.sum(torch.tensor(n)).item())
 
     def gather_objects(self, items: list[Any]) -> list[Any]:
         """Every rank's ``items`` concatenated in rank order (picklable objects)."""
@@ -251,14 +267,15 @@ class Distributed:
 
         ``total`` is the number of valid decisions over all ranks; a gradient step takes ``min(minibatch_size,
         total)`` of them, ``1 / world_size`` from each rank. A rank with fewer decisions than the others starts
-        its shuffled order over (reusing some); the caller gives a rank with none a zero-weight loss.
+        its shuffled order over (reusing some); the caller gives a rank with none a zero-weight loss. One process
+        walks its shuffled order once, its last minibatch the remainder.
         """
         n = flat.numel()
         mb = max(1, math.ceil(min(minibatch_size, total) / self.world_size))
         steps = max(self.all_objects(math.ceil(n / mb)))
         perm = flat[torch.randperm(n)] if n else flat
         for j in range(steps):
-            if n == 0 or (j + 1) * mb <= n:
+            if n == 0 or (j + 1) * mb <= n or not self.enabled:
                 yield perm[j * mb : (j + 1) * mb]
             else:  # past this rank's end: start its order over
                 yield perm[torch.arange(j * mb, (j + 1) * mb) % n]

@@ -111,9 +111,8 @@ def shard(kind: str, batch: Any, rank: int, world: int) -> Any:
 def update(kind: str, dist: Distributed = SINGLE) -> dict[str, torch.Tensor]:
     """Build, shard for ``dist``, update once; the policy's parameters after the update."""
     learner, batch = build(kind)
-    if dist.enabled:
-        learner.distribute(dist)
-        batch = shard(kind, batch, dist.rank, dist.world_size)
+    learner.distribute(dist)
+    batch = shard(kind, batch, dist.rank, dist.world_size)
     if kind == "sft":
         from vla_rl.sft import SFTUpdater
 

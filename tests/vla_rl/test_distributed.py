@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from vla_rl.algorithms.advantages import normalize_advantages
 from vla_rl.config import ConfigError
 from vla_rl.distributed import SINGLE, Distributed, rank_seed
 from tests.vla_rl import ddp_equivalence
@@ -55,6 +56,18 @@ def test_one_process_is_the_identity() -> None:
     assert SINGLE.sum(x) is x and SINGLE.gather_objects([1, 2]) == [1, 2]
     assert SINGLE.merge_scalars({"a": 1.0}) == {"a": 1.0}
     assert SINGLE.env_shard(8, 5) == (8, 5) and SINGLE.seed_base(100, 8) == 100
+    assert SINGLE.total(7) == 7 and SINGLE.any(True) and not SINGLE.any(False)
+    assert SINGLE.rank_folder(Path("store")) == Path("store")
+    SINGLE.reseed(0, lambda seed: pytest.fail("one process keeps its RNG stream"))
+    adv, mask = torch.tensor([1.0, 2.0, 6.0]), torch.tensor([True, True, False])
+    assert torch.equal(SINGLE.normalize_advantages(adv, mask), normalize_advantages(adv, mask))
+    # one process walks its shuffled decisions once, the remainder last (no wrap-around to fill a minibatch)
+    flat = torch.tensor([3, 5, 6, 8, 9])
+    torch.manual_seed(0)
+    batches = list(SINGLE.minibatches(flat, 5, 2))
+    torch.manual_seed(0)
+    perm = flat[torch.randperm(5)]
+    assert [b.tolist() for b in batches] == [perm[:2].tolist(), perm[2:4].tolist(), perm[4:].tolist()]
     assert rank_seed(0, 0) != rank_seed(0, 1)
 
 

@@ -12,9 +12,8 @@ from sim.core import OBS_STATE
 from sim.vector import SerialVecEnv
 from tests.sim.toy_env import CounterEnv
 from tests.vla_rl.toy_policy import GaussianPolicy
-from vla_rl.algorithms.base import IterationInputs
-from vla_rl.algorithms.grpo import GRPOConfig, GRPOLearner
-from vla_rl.algorithms.ppo import PPOConfig, PPOLearner
+from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Needs
+from vla_rl.algorithms.ppo import AdvantageEstimator, GRPOConfig, PPOConfig, PPOLearner
 from vla_rl.evaluation import evaluate_episodes, wilson_interval
 from vla_rl.rollout import RolloutEngine
 
@@ -95,8 +94,27 @@ def test_ppo_learns_the_toy_task():
 def test_grpo_learns_the_toy_task():
     cfg = GRPOConfig(decisions_per_iter=2, epochs=4, minibatch_size=8, lr_actor=0.05, group_size=4,
                      dynamic_sampling=False)
-    before, after = _success_after(GRPOLearner, cfg, iters=15)
+    before, after = _success_after(PPOLearner, cfg, iters=15)
     assert before <= 0.25 and after >= 0.9, (before, after)
+
+
+def test_grpo_is_ppo_with_group_advantages():
+    entry = ALGORITHMS.get("grpo")
+    assert entry.obj is ALGORITHMS.get("ppo").obj is PPOLearner and entry.config is GRPOConfig
+    assert GRPOConfig().type == "grpo" and PPOConfig().type == "ppo"
+    assert GRPOConfig().advantage is AdvantageEstimator.GROUP and PPOConfig().advantage is AdvantageEstimator.GAE
+    policy = GaussianPolicy(2, 1, horizon=2)
+    grpo, ppo = PPOLearner(GRPOConfig(), policy), PPOLearner(PPOConfig(advantage="group"), policy)
+    assert (grpo.needs, grpo.uses_critic) == (ppo.needs, ppo.uses_critic) == (Needs.GROUPS, False)
+    assert [g["name"] for g in ppo.optimizer.param_groups] == ["actor"]  # no critic to train
+    gae = PPOLearner(PPOConfig(), policy)
+    assert (gae.needs, gae.uses_critic) == (Needs.ON_POLICY, True)
+    assert [g["name"] for g in gae.optimizer.param_groups] == ["actor", "critic"]
+    with pytest.raises(ValueError, match="algo.critic_warmup_iters"):
+        GRPOConfig(critic_warmup_iters=1)
+    with pytest.raises(ValueError, match="algo.group_size=3 must divide env.num_envs=4"):
+        PPOConfig(advantage="group", group_size=3).check_run(4)
+    PPOConfig(group_size=3).check_run(4)  # GAE plays no groups
 
 
 def test_wilson_interval_values():
@@ -108,7 +126,7 @@ def test_wilson_interval_values():
 def test_update_skips_when_dynamic_sampling_drops_every_group():
     env = _env(n=4, steps=3, goal=100.0)  # nobody succeeds: every group has success rate 0
     policy = GaussianPolicy(2, 1, horizon=2)
-    learner = GRPOLearner(GRPOConfig(group_size=2, decisions_per_iter=3), policy)
+    learner = PPOLearner(GRPOConfig(group_size=2, decisions_per_iter=3), policy)
     engine = RolloutEngine(env, policy, use_critic=False)
     before = [p.detach().clone() for p in policy.parameters()]
     stats = learner.update(learner.collect(IterationInputs(iteration=0, seed_base=1, reset=True, engine=engine)))

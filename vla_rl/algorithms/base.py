@@ -1,7 +1,7 @@
 """The learner interface: what a learner needs from the loop, how it updates, how it is configured.
 
-A learner is an algorithm (PPO, GRPO, SFT, and later TPO, RaC, off-policy
-latent-noise RL) wired to a policy. It declares what it needs each iteration
+A learner is an algorithm (PPO, GRPO, filtered BC, SFT, RaC, TPO) wired to a
+policy. It declares what it needs each iteration
 (:class:`Needs`: on-policy rollouts, grouped rollouts, a dataset, ...), turns
 the loop's :class:`IterationInputs` into a batch (:meth:`Learner.collect`) and
 updates on it (:meth:`Learner.update`). The trainer only runs::
@@ -42,7 +42,7 @@ import draccus
 import torch
 
 from policies.base import Policy
-from vla_core.registry import Registry
+from vla_core.registry import Registry, RegistryChoice
 from vla_rl.distributed import SINGLE, Distributed
 
 if TYPE_CHECKING:
@@ -63,7 +63,6 @@ class Needs(enum.Flag):
     ``ON_POLICY``: rollouts of the current policy from wherever the envs are (PPO);
     ``GROUPS``: one episode per env, groups of envs sharing an initial state (GRPO, GRAPE sampling);
     ``DATASET``: offline frames (demos, LeRobotDatasets, intervention segments: SFT, RaC);
-    ``REPLAY``: a replay buffer of past transitions (off-policy learners);
     ``PREFERENCES``: scored and paired trajectories (TPO).
     """
 
@@ -71,13 +70,12 @@ class Needs(enum.Flag):
     ON_POLICY = enum.auto()
     GROUPS = enum.auto()
     DATASET = enum.auto()
-    REPLAY = enum.auto()
     PREFERENCES = enum.auto()
 
     @property
     def env_rollouts(self) -> bool:
         """Whether the learner steps the training envs itself."""
-        return bool(self & (Needs.ON_POLICY | Needs.GROUPS | Needs.REPLAY | Needs.PREFERENCES))
+        return bool(self & (Needs.ON_POLICY | Needs.GROUPS | Needs.PREFERENCES))
 
 
 @dataclass(frozen=True)
@@ -99,16 +97,15 @@ class SmokeLimits:
     max_minibatch: int
 
 
-class LearnerConfig(draccus.ChoiceRegistry):
-    """Base of the per-algorithm configs; ``--algo.type NAME`` chooses one (see the module doc).
+class LearnerConfig(RegistryChoice, draccus.ChoiceRegistry):
+    """Base of the per-algorithm configs; ``--algo.type NAME`` chooses one of :data:`ALGORITHMS` (see the module doc).
 
     Subclasses are dataclasses with a docstring per field; their ``__post_init__`` validates what the config
     alone decides, :meth:`check_run` what depends on the rest of the run.
     """
 
-    @classmethod
-    def default_choice_name(cls) -> str:
-        return DEFAULT_ALGORITHM
+    choices = ALGORITHMS
+    default_choice = DEFAULT_ALGORITHM
 
     @property
     def type(self) -> str:
@@ -148,7 +145,6 @@ def register_learner(name: str, config: type, help: str = "") -> Callable[[L], L
 
     def decorator(cls: L) -> L:
         ALGORITHMS.register(name, config=config, help=help)(cls)
-        LearnerConfig.register_subclass(name, config)
         cls.name = name
         return cls
 
@@ -200,17 +196,18 @@ class Learner(abc.ABC):
     """An algorithm wired to a policy (see the module doc).
 
     Class attributes:
-        needs: what :meth:`collect` reads from :class:`IterationInputs`.
-        uses_critic: whether rollouts compute values with the policy's critic.
-        name: the registered name (set by :func:`register_learner`).
+        needs: what :meth:`collect` reads from :class:`IterationInputs` (a learner whose config decides it sets
+            it per instance, as PPO does).
+        uses_critic: whether rollouts compute values with the policy's critic (likewise).
+        name: the registered name (set by :func:`register_learner`; the last one for a class registered twice).
 
     Args:
         cfg: the learner's config.
         policy: any :class:`policies.Policy`.
     """
 
-    needs: ClassVar[Needs] = Needs.ON_POLICY
-    uses_critic: ClassVar[bool] = False
+    needs: Needs = Needs.ON_POLICY
+    uses_critic: bool = False
     name: ClassVar[str] = ""
 
     def __init__(self, cfg: Any, policy: Policy) -> None:
@@ -224,7 +221,7 @@ class Learner(abc.ABC):
         """Train as one of ``dist``'s ranks: gradients of :meth:`call` are all-reduced (DDP / FSDP through
         accelerate, :meth:`vla_rl.distributed.Distributed.wrap`). Call it once, after building the learner."""
         self.dist = dist
-        self._caller = dist.wrap(self.policy, self.optimizers()) if dist.enabled else None
+        self._caller = dist.wrap(self.policy, self.optimizers())
 
     def call(self, method: str, *args: Any) -> Any:
         """``self.policy.<method>(*args)`` for a forward whose gradients the update uses (``evaluate``,
