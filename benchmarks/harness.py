@@ -171,9 +171,9 @@ def publish(name: str, args: argparse.Namespace, table: str, *, rows: Any = None
     record = {"benchmark": name, "command": command, "commit": commit(), "machine": machine(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows, "summary": summary}
     path = Path(args.results_dir) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(record, indent=1, default=str) + "\n")
     where = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
     made = f"`{command}` at {record['commit']} on {record['machine']}, {record['date']}; results: `{where}`."
-    replace_block(Path(args.page), name, f"{table.strip(chr(10))}\n\n{made}")
+    replace_block(Path(args.page), name, f"{table.strip(chr(10))}\n\n{made}")  # first: a broken page writes nothing
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(record, indent=1, default=str) + "\n")
     return path

@@ -125,3 +125,25 @@ def test_policy_latency_measures_the_compact_policy(tmp_path: Path) -> None:
           "--page", tmp_path / "r.md", timeout=600)
     rows = json.loads((tmp_path / "policy_latency.json").read_text())["rows"]
     assert rows and all(r["name"].startswith("compact-flow") for r in rows)
+
+
+def test_a_page_with_a_broken_block_is_refused_by_name(tmp_path: Path) -> None:
+    page = tmp_path / "results.md"
+    page.write_text("<!-- results:pretrain_variants -->\nan unfinished block\n")
+    run = _pretrained_run(tmp_path / "runs" / "wide", 0, 0.5)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "benchmarks/pretrain_variants.py", "--run", f"wide={run}", "--results-dir",
+                           str(tmp_path), "--page", str(page)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and f"{page}: expected one <!-- results:pretrain_variants --> before one" in done.stderr
+    assert page.read_text() == "<!-- results:pretrain_variants -->\nan unfinished block\n"  # left as it was
+    assert not (tmp_path / "pretrain_variants.json").exists()  # and nothing published
+
+
+def test_faults_injects_and_recovers_checkpoint_faults(tmp_path: Path) -> None:
+    """One fault of each checkpoint kind through the fault suite's injector (:mod:`vla_rl.faults`)."""
+    bench("faults", "--n", "1", "--kinds", "checkpoint", "--results-dir", tmp_path, "--page", tmp_path / "r.md",
+          timeout=300)
+    kinds = json.loads((tmp_path / "faults.json").read_text())["rows"]
+    assert set(kinds) == {"checkpoint_kill", "checkpoint_disk_full", "checkpoint_damage"}
+    assert all(k["failures"] == 0 and k["files_lost"] == 0 and k["resumed"] == 1 for k in kinds.values())
