@@ -1,4 +1,4 @@
-"""Checkpoints that verify (#21): damaged files are named, resume falls back, nothing damaged is deleted,
+"""Checkpoints that verify: damaged files are named, resume falls back, nothing damaged is deleted,
 bad inputs stop with one line and exit code 2."""
 
 from __future__ import annotations
@@ -11,28 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from policies.compact.config import CompactFlowConfig
-from policies.compact.policy import CompactFlowPolicy
 from policies.io import CheckpointError
 from policies.loading import load_policy
 from vla_core.manifest import MANIFEST, IntegrityError, verify_manifest
 from vla_rl import checkpoint as ckpt
 from vla_rl.cli import run
-
-
-def _policy() -> CompactFlowPolicy:
-    torch.manual_seed(0)
-    return CompactFlowPolicy(CompactFlowConfig(
-        cameras=(), state_dim=3, action_dim=2, chunk_size=4, width=32, heads=2, expert_layers=1,
-        text_encoder="hashed", text_buckets=64, value_hidden=16, noise_hidden=8))
-
-
-def _save(ckpt_dir: Path, iteration: int, policy: CompactFlowPolicy | None = None, keep_last: int = 3) -> Path:
-    policy = policy or _policy()
-    state = {"learner": {"w": torch.full((4,), float(iteration))}, "rng": ckpt.rng_state(),
-             "iteration": iteration, "env_steps": 10 * iteration}
-    return ckpt.save_checkpoint(ckpt_dir, iteration, policy, state, {"iterations": 9}, keep_last,
-                                report=lambda line: None)
+from vla_rl.faults.scenarios import save as _save
+from vla_rl.faults.scenarios import tiny_policy as _policy
 
 
 def _truncate(path: Path, size: int) -> None:
@@ -183,7 +168,7 @@ def test_a_damaged_best_is_ignored_and_moved_aside(tmp_path: Path) -> None:
 
 
 def test_sft_policy_folders_carry_a_manifest_that_lists_sft_json(tmp_path: Path) -> None:
-    from vla_rl.sft import save_sft_policy
+    from vla_rl.algorithms.sft import save_sft_policy
 
     out = save_sft_policy(_policy(), tmp_path / "sft", {"sft/steps": 1})
     assert verify_manifest(out)
