@@ -182,11 +182,7 @@ class PPOLearner(Learner):
                 p.requires_grad_(False)
 
     def check_env(self, spec: EnvSpec, exec_steps: int, reset_every_iteration: bool) -> None:
-        """With ``reset_every_iteration``, one iteration must cover a whole episode of ``spec``.
-
-        Raises:
-            ConfigError: naming ``algo.decisions_per_iter`` and the episode length.
-        """
+        """With ``reset_every_iteration``, one iteration must cover a whole episode of ``spec`` (else ConfigError)."""
         horizon = self.cfg.decisions_per_iter * exec_steps
         if reset_every_iteration and horizon < spec.max_episode_steps:
             raise ConfigError(
@@ -324,11 +320,7 @@ class PPOLearner(Learner):
 
 def group_advantages(rollout: Rollout, cfg: PPOConfig) -> tuple[Tensor, Tensor, Tensor]:
     """GRPO's ``(advantages, returns, mask)``: each episode's group-relative return on all its decisions; dynamic
-    sampling masks the groups whose success rate lies outside ``[success_band_low, success_band_high]``.
-
-    Raises:
-        ValueError: for a rollout without groups.
-    """
+    sampling masks the groups whose success rate lies outside ``[success_band_low, success_band_high]``."""
     if rollout.group_ids is None:
         raise ValueError(f"algo.type={cfg.type} with group advantages needs grouped rollouts "
                          "(RolloutEngine.collect_groups)")
