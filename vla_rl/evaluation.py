@@ -129,6 +129,65 @@ class EvalShard:
     gather: Callable[[list], list]
 
 
+@dataclass(frozen=True)
+class PlayedEpisode:
+    """One counted episode of :func:`play_episodes`: its env slot, its index among that slot's episodes (``k``), its
+    task (name and index; -1 on an env without task indices), return, length and success."""
+
+    env: int
+    k: int
+    task: str
+    task_index: int
+    ret: float
+    length: int
+    success: bool
+
+
+def play_episodes(
+    env: VecEnv,
+    act: ActionFn,
+    quota: Sequence[int],
+    seed: int,
+    exec_steps: int = 0,
+    desc: str = "eval",
+    progress: bool = True,
+    video: VideoWriter | None = None,
+    video_envs: int = 4,
+    filmed: int = 0,
+) -> list[PlayedEpisode]:
+    """The evaluation loop: reset ``env`` with ``seed``, act chunk by chunk until env slot ``i`` has ended
+    ``quota[i]`` episodes (see module doc), in step then env order.
+
+    With ``video``, the first ``video_envs`` envs' cameras are rendered every step (:meth:`VecEnv.step_chunk` with
+    ``record_obs``) until each of them has played ``filmed`` episodes; after that the chunks run batched.
+    """
+    counts = [0] * env.num_envs
+    episodes: list[PlayedEpisode] = []
+    obs = env.reset(seed=seed)
+    if video is not None:
+        video.add_obs(obs, env.spec.image_keys, video_envs)
+    with tqdm(total=sum(quota), desc=desc, unit="ep", disable=not progress, leave=False) as bar:
+        while any(c < q for c, q in zip(counts, quota)):
+            chunk = act(obs)
+            steps = chunk.shape[1] if exec_steps <= 0 else min(exec_steps, chunk.shape[1])
+            record = video is not None and min(counts[:video_envs]) < filmed
+            out = env.step_chunk(chunk[:, :steps], record_obs=record)
+            obs = out.obs
+            if record:
+                for step_obs in out.step_obs or []:
+                    video.add_obs(step_obs, env.spec.image_keys, video_envs)  # type: ignore[union-attr]
+            ends = (out.terminated | out.truncated) & first_episode_steps(out.terminated, out.truncated)
+            for h, i in ends.nonzero().tolist():  # step order, then env order: at most one end per env
+                if counts[i] < quota[i]:
+                    task_index = int(out.final_obs[TASK_INDEX][i]) if TASK_INDEX in out.final_obs else -1
+                    episodes.append(PlayedEpisode(i, counts[i], out.final_obs[TASK][i], task_index,
+                                             float(out.episode_return[h, i]), int(out.episode_length[h, i]),
+                                             bool(out.success[h, i])))
+                    counts[i] += 1
+                    bar.update(1)
+    return episodes
+
+
 def evaluate_episodes(
     env: VecEnv,
     act: ActionFn,
@@ -162,29 +221,9 @@ def evaluate_episodes(
     b = env.num_envs
     quota = math.ceil(episodes / (shard.total_envs if shard is not None else b))
     filmed = min(quota, video_episodes) if video_episodes > 0 else quota  # episodes per video env the video shows
-    counts = [0] * b
-    records: list[tuple[int, int, str, float, int, bool]] = []  # env, k, task, return, length, success
-    obs = env.reset(seed=seed)
     video = VideoWriter(video_path, env.spec.control_freq) if video_path and env.spec.image_keys else None
-    if video is not None:
-        video.add_obs(obs, env.spec.image_keys, video_envs)
-    with tqdm(total=quota * b, desc=desc, unit="ep", disable=not progress, leave=False) as bar:
-        while min(counts) < quota:
-            chunk = act(obs)
-            steps = chunk.shape[1] if exec_steps <= 0 else min(exec_steps, chunk.shape[1])
-            record = video is not None and min(counts[:video_envs]) < filmed
-            out = env.step_chunk(chunk[:, :steps], record_obs=record)
-            obs = out.obs
-            if record:
-                for step_obs in out.step_obs or []:
-                    video.add_obs(step_obs, env.spec.image_keys, video_envs)  # type: ignore[union-attr]
-            ends = (out.terminated | out.truncated) & first_episode_steps(out.terminated, out.truncated)
-            for h, i in ends.nonzero().tolist():  # step order, then env order: at most one end per env
-                if counts[i] < quota:
-                    records.append((i, counts[i], out.final_obs[TASK][i], float(out.episode_return[h, i]),
-                                    int(out.episode_length[h, i]), bool(out.success[h, i])))
-                    counts[i] += 1
-                    bar.update(1)
+    played = play_episodes(env, act, [quota] * b, seed, exec_steps, desc, progress, video, video_envs, filmed)
+    records = [(e.env, e.k, e.task, e.ret, e.length, e.success) for e in played]
     if shard is not None:
         records = shard.gather([(r[0] + shard.offset, *r[1:]) for r in records])
     records.sort(key=lambda r: (r[1], r[0]))  # round-robin over envs, then trim to N
@@ -278,26 +317,12 @@ def evaluate_per_task(
     plans = split_plans(plan, env.num_envs)
     quota = [len(plans[i]) for i in range(env.num_envs)]
     env.schedule_tasks(plans=plans)
-    counts = [0] * env.num_envs
-    records: list[tuple[int, float, int, bool, int]] = []  # task, return, length, success, episode k of the task
     try:
-        obs = env.reset(seed=seed)
-        with tqdm(total=len(plan), desc=desc, unit="ep", disable=not progress, leave=False) as bar:
-            while any(c < q for c, q in zip(counts, quota)):
-                chunk = act(obs)
-                steps = chunk.shape[1] if exec_steps <= 0 else min(exec_steps, chunk.shape[1])
-                out = env.step_chunk(chunk[:, :steps])
-                obs = out.obs
-                ends = (out.terminated | out.truncated) & first_episode_steps(out.terminated, out.truncated)
-                for h, i in ends.nonzero().tolist():
-                    if counts[i] < quota[i]:
-                        k = plans[i][counts[i]].seed - seed  # slot i plays its plan in order
-                        records.append((int(out.final_obs[TASK_INDEX][i]), float(out.episode_return[h, i]),
-                                        int(out.episode_length[h, i]), bool(out.success[h, i]), k))
-                        counts[i] += 1
-                        bar.update(1)
+        played = play_episodes(env, act, quota, seed, exec_steps, desc, progress)
     finally:
         env.schedule_tasks(plans={i: [] for i in range(env.num_envs)})
+    # task, return, length, success, episode k of the task (slot i plays its plan in order)
+    records = [(e.task_index, e.ret, e.length, e.success, plans[e.env][e.k].seed - seed) for e in played]
     per_task: dict[str, dict[str, float]] = {}
     outcomes: dict[str, str] = {}
     for t in sorted(set(tasks)):

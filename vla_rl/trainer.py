@@ -36,7 +36,7 @@ from vla_rl.algorithms.base import ALGORITHMS, IterationInputs, Learner, Needs
 from vla_rl.config import ConfigError, default_runs_dir
 from vla_rl.curriculum import CurriculumHook, TaskCurriculum, spread
 from vla_rl.data import ChunkDataset, dataset_spec, load_policy_chunks
-from vla_rl.distributed import SINGLE, Distributed, rank_seed
+from vla_rl.distributed import SINGLE, Distributed
 from vla_rl.ema import WeightEMA, check_ema_resume
 from vla_rl.evaluation import EvalResult, EvalShard, evaluate_policy
 from vla_rl.hooks import Hook, IterationResult, RewardAnnealing, RunContext
@@ -187,7 +187,7 @@ class Trainer:
         # evaluations share their flow noise, and the training RNG stream is left untouched.
         tasks = per_task_eval_tasks(cfg, self.curriculum)
         seed, shard = cfg.eval.seed, None
-        if dist.enabled and tasks is None:  # this rank plays its slice of the evaluation envs; episodes gathered
+        if tasks is None:  # this rank plays its slice of the evaluation envs; episodes gathered
             shard = EvalShard(cfg.eval_envs, dist.rank * env.num_envs, dist.gather_objects)
             seed += shard.offset
         res = evaluate_policy(env, policy, cfg.eval.episodes, seed, cfg.exec_steps, video,
@@ -231,16 +231,12 @@ class Trainer:
         if steps_envs and not cfg.env.id:
             raise ConfigError(f"algo.type={cfg.algo.type} trains in an env: pass --env.id")
         env = eval_env = None
-        if steps_envs and dist.enabled:  # rank r holds envs [r*n, (r+1)*n) of the run, seeded as those envs
+        if steps_envs:  # rank r holds envs [r*n, (r+1)*n) of the run, seeded as those envs
             cfg.algo.check_run(dist.shard(cfg.env.num_envs, "env.num_envs"))
             env = cfg.env.make(*dist.env_shard(cfg.env.num_envs, cfg.env.seed))
-        elif steps_envs:
-            env = cfg.env.make()
         try:
-            if cfg.env.id and dist.enabled:
+            if cfg.env.id:
                 eval_env = cfg.env.make(*dist.env_shard(cfg.eval_envs, cfg.eval.seed, "eval.num_envs"))
-            elif cfg.env.id:
-                eval_env = cfg.env.make(num_envs=cfg.eval.num_envs or cfg.env.num_envs, seed=cfg.eval.seed)
             spec = env.spec if env is not None else eval_env.spec if eval_env is not None else self._dataset_spec()
             self.curriculum = task_curriculum(cfg, spec) if cfg.env.id else None
             if self.curriculum is not None and cfg.env.tasks.holdout:  # evaluate on the held-out tasks only
@@ -264,10 +260,9 @@ class Trainer:
             learner: Learner = self.learner_cls(cfg.algo.for_run(cfg.iterations), policy)
             learner.to(dist.device)  # a GPU when there is one, also in a one-process run
             store = self.run_dir / LEARNER_STORE
-            learner.use_store(store / f"rank{dist.rank}" if dist.enabled else store, cfg.keep_last)
-            if dist.enabled:  # same initial weights on every rank; from here on each rank draws its own noise
-                learner.distribute(dist)
-                seed_everything(rank_seed(cfg.seed, dist.rank))
+            learner.use_store(dist.rank_folder(store), cfg.keep_last)
+            learner.distribute(dist)  # same initial weights on every rank; from here on each rank draws its own noise
+            dist.reseed(cfg.seed, seed_everything)
             start_iter, best = 0, None
             env_steps = 0
             if resume_from is not None:
@@ -399,7 +394,7 @@ class Trainer:
         if rollout is not None:
             episodes = dist.gather_objects(list(rollout.episodes))  # every rank's, so the curriculum agrees
             scalars = {**rollout_scalars(rollout, episodes), **scalars}
-        step = int(dist.sum(torch.tensor(_env_steps(run.engine))).item()) if dist.enabled else _env_steps(run.engine)
+        step = dist.total(_env_steps(run.engine))
         return IterationResult(iteration=it, batch=batch, scalars=scalars, rollout=rollout, episodes=episodes,
                                env_steps=step, last=last)
 

@@ -268,65 +268,6 @@ def test_privileged_state_critic_reads_state_and_env_state_but_not_the_images() 
         CompactFlowPolicy(tiny_config(value_placement=ValuePlacement.STATE))
 
 
-def test_sft_ema_keeps_the_moving_average_of_the_iterates() -> None:
-    from vla_rl.sft import DemoChunks, SFTConfig, pretrain
-
-    obs = make_obs(b=8)
-    data = DemoChunks(obs=obs, actions=torch.randn(8, 4, 3, generator=torch.Generator().manual_seed(1)),
-                      mask=torch.ones(8, 4, dtype=torch.bool), episodes=1)
-
-    def trained(steps: int, ema: float) -> dict[str, torch.Tensor]:
-        torch.manual_seed(0)
-        policy = CompactFlowPolicy(tiny_config())
-        pretrain(policy, data, SFTConfig(steps=steps, batch_size=4, ema=ema), seed=3)
-        return {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
-
-    first, last, averaged = trained(1, 0.0), trained(2, 0.0), trained(2, 0.25)
-    for name, p in averaged.items():  # the first update copies iterate 1, the second mixes in iterate 2
-        torch.testing.assert_close(p, 0.25 * first[name] + 0.75 * last[name], rtol=1e-5, atol=1e-6)
-    assert any(not torch.equal(first[n], last[n]) for n in first)
-
-
-def test_sft_stops_at_the_first_success_check_that_reaches_the_target() -> None:
-    """Checks run every ``check_every`` steps from ``check_from`` in eval mode; the first one at the target
-    ends pre-training there, with the weights (and RNG stream) of a run that stops at that step."""
-    from vla_rl.sft import DemoChunks, SFTConfig, pretrain
-
-    obs = make_obs(b=8)
-    data = DemoChunks(obs=obs, actions=torch.randn(8, 4, 3, generator=torch.Generator().manual_seed(1)),
-                      mask=torch.ones(8, 4, dtype=torch.bool), episodes=1)
-    calls: list[tuple[bool, float]] = []
-    rates = iter([0.05, 0.10, 0.30, 0.90])
-
-    def trained(cfg: SFTConfig, check=None) -> tuple[dict, dict[str, torch.Tensor]]:
-        torch.manual_seed(0)
-        policy = CompactFlowPolicy(tiny_config())
-
-        def probe() -> float:
-            torch.rand(5)  # a check that draws random numbers must not shift training's stream
-            calls.append((policy.training, next(rates)))
-            return calls[-1][1]
-
-        stats = pretrain(policy, data, cfg, seed=3, success_check=probe if check else None)
-        return stats, {n: p.detach().clone() for n, p in policy.named_parameters()}
-
-    stats, stopped = trained(SFTConfig(steps=9, batch_size=4, stop_at_success=0.25, check_from=2, check_every=2),
-                             check=True)
-    assert [c[1] for c in calls] == [0.05, 0.10, 0.30] and not any(c[0] for c in calls)  # steps 2, 4, 6
-    assert stats["sft/steps"] == 6 and stats["sft/check_success"] == 0.30
-    # same weights as the run that trains 6 of the same 9-step schedule with no check (LR decays over 9)
-    plain_stats, plain = trained(SFTConfig(steps=9, batch_size=4))
-    assert plain_stats["sft/steps"] == 9 and "sft/check_success" not in plain_stats
-    short = SFTConfig(steps=9, batch_size=4, stop_at_success=1.0, check_from=6, check_every=100)
-    rates = iter([1.0])
-    _, six = trained(short, check=True)
-    for name, p in stopped.items():
-        torch.testing.assert_close(p, six[name])
-    assert any(not torch.equal(six[n], plain[n]) for n in six)
-    with pytest.raises(ValueError, match="stop_at_success"):
-        SFTConfig(stop_at_success=1.5)
-
-
 def test_flow_matching_loss_hand_computed() -> None:
     f64 = torch.float64
     actions = torch.tensor([[[1.0, 2.0], [0.0, -1.0]]], dtype=f64)  # [B=1, H=2, A=2]

@@ -21,7 +21,7 @@ import torch
 
 from vla_rl.algorithms.base import Learner
 from vla_rl.algorithms.ppo import PPOLearner
-from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
+from vla_rl.algorithms.sft import SFTConfig, SFTLearner
 from vla_rl.cli import parse_config
 from vla_rl.data.chunks import ChunkBatch
 from vla_rl.distributed import SINGLE, Distributed
@@ -70,7 +70,7 @@ def build(kind: str) -> tuple[Learner, Any]:
             with torch.no_grad():
                 batch: Any = engine.collect(algo.decisions_per_iter)
         else:
-            learner = SFTLearner(SFTLearnerConfig(steps=4, image_shift=0, batch_size=SFT_ROWS), policy)
+            learner = SFTLearner(SFTConfig(steps=4, image_shift=0, batch_size=SFT_ROWS), policy)
             obs = env.reset(seed=200)
             gen = torch.Generator().manual_seed(3)
             chunk = (policy.chunk_size, env.spec.action_dim)
@@ -114,7 +114,7 @@ def update(kind: str, dist: Distributed = SINGLE) -> dict[str, torch.Tensor]:
     learner.distribute(dist)
     batch = shard(kind, batch, dist.rank, dist.world_size)
     if kind == "sft":
-        from vla_rl.sft import SFTUpdater
+        from vla_rl.algorithms.sft import SFTUpdater
 
         learner.updater = SFTUpdater(learner.policy, learner.cfg, seed=0)
         learner.updater.call = learner.call

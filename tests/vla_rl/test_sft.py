@@ -1,4 +1,4 @@
-"""``vla-rl sft`` and the SFT updater: any policy type, any LeRobotDataset folder, errors that name the feature."""
+"""``vla-rl sft``, the SFT learner and updater: any policy type, any LeRobotDataset folder, errors that name the feature."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_sft_updater_state_dict_resumes_exactly():
     from policies.compact.config import CompactFlowConfig
     from policies.compact.policy import CompactFlowPolicy
     from vla_rl.data import make_chunks
-    from vla_rl.sft import SFTConfig, SFTUpdater
+    from vla_rl.algorithms.sft import SFTConfig, SFTUpdater
 
     gen = torch.Generator().manual_seed(0)
     states = torch.randn(12, STATE, generator=gen)
@@ -138,12 +138,12 @@ def test_sft_updater_state_dict_resumes_exactly():
     assert head + tail == losses and second.steps == 6
     for a, b in zip(straight.policy.parameters(), second.policy.parameters(), strict=True):
         assert torch.equal(a, b)
-    straight.use_ema_weights()
+    straight.ema.apply()
     assert not all(torch.equal(a, b) for a, b in zip(straight.policy.parameters(), second.policy.parameters()))
     with pytest.raises(ValueError, match="EMA"):
         SFTUpdater(fresh(), SFTConfig(steps=6)).load_state_dict(state)
     for bad in (1.0, -0.1):  # a decay of 1 would freeze the average at the initial weights
-        with pytest.raises(ValueError, match="sft.ema"):
+        with pytest.raises(ValueError, match="SFT ema"):
             SFTConfig(ema=bad)
 
 
@@ -155,7 +155,7 @@ def test_the_sft_learners_ema_shows_the_average_and_trains_on_from_the_raw_itera
     from policies.compact.policy import CompactFlowPolicy
     from vla_rl.algorithms.base import IterationInputs
     from vla_rl.algorithms.filtered_bc import FilteredBCConfig
-    from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
+    from vla_rl.algorithms.sft import SFTConfig, SFTLearner
     from vla_rl.data import make_chunks
 
     gen = torch.Generator().manual_seed(0)
@@ -168,7 +168,7 @@ def test_the_sft_learners_ema_shows_the_average_and_trains_on_from_the_raw_itera
         policy = CompactFlowPolicy(CompactFlowConfig(
             cameras=(), state_dim=STATE, action_dim=ACT, chunk_size=4, width=32, heads=2, expert_layers=1,
             text_encoder="hashed", text_buckets=64, value_hidden=16, noise_hidden=8))
-        return SFTLearner(SFTLearnerConfig(steps=6, steps_per_iter=2, batch_size=4, lr=3e-3, ema=ema), policy)
+        return SFTLearner(SFTConfig(steps=6, steps_per_iter=2, batch_size=4, lr=3e-3, ema=ema), policy)
 
     def iterate(learner: SFTLearner, iterations: range) -> None:
         for it in iterations:
@@ -185,11 +185,10 @@ def test_the_sft_learners_ema_shows_the_average_and_trains_on_from_the_raw_itera
     iterate(averaged, range(1))
     state, rng, shown = copy.deepcopy((averaged.state_dict(), torch.get_rng_state(), averaged.policy.state_dict()))
     iterate(averaged, range(1, 3))
-    assert averaged._raw is not None
-    ema = [q for q in averaged.updater.ema.module.parameters() if q.requires_grad]
-    for p, q in zip(trainable(averaged), ema, strict=True):
+    assert averaged.updater is not None and averaged.updater.ema is not None and averaged.updater.ema.is_applied
+    for p, q in zip(trainable(averaged), averaged.updater.ema.shadow, strict=True):
         assert torch.equal(p, q)  # the policy shows the average
-    for raw, p in zip(averaged._raw, trainable(plain), strict=True):
+    for raw, p in zip(averaged.updater.ema.state_dict()["trained"], trainable(plain), strict=True):
         assert torch.equal(raw, p)  # and training went on from the raw iterate, as without it
     assert not all(torch.equal(a, b) for a, b in zip(trainable(averaged), trainable(plain)))
 
@@ -200,8 +199,8 @@ def test_the_sft_learners_ema_shows_the_average_and_trains_on_from_the_raw_itera
     iterate(resumed, range(1, 3))
     for a, b in zip(trainable(resumed), trainable(averaged), strict=True):
         assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="algo.ema"):
-        SFTLearnerConfig(ema=1.0)
+    with pytest.raises(ValueError, match="SFT ema"):
+        SFTConfig(ema=1.0)
     with pytest.raises(ValueError, match="algo.ema"):
         FilteredBCConfig(ema=0.9)
 
@@ -224,6 +223,75 @@ def test_the_sft_learner_trains_under_vla_rl_train_and_resumes(tmp_path):
     assert not any("rollout/success" in r for r in rows)  # no env rollouts: it trains on the dataset only
 
 
+def _tiny_compact(spec):
+    from policies.compact.config import CompactFlowConfig
+    from policies.compact.policy import CompactFlowPolicy
+
+    return CompactFlowPolicy(CompactFlowConfig(
+        cameras=(), state_dim=STATE, action_dim=ACT, chunk_size=4, width=32, heads=2, expert_layers=1,
+        text_encoder="hashed", text_buckets=64, value_hidden=16, noise_hidden=8))
+
+
+def _pretrained(tmp_path: Path, cfg, check=None) -> tuple[dict, dict[str, torch.Tensor]]:
+    from vla_rl.commands.sft import pretrain
+
+    data = tmp_path / "data"
+    if not data.exists():
+        write_lerobot_dataset(data, episodes=2, length=4)
+    policy, stats = pretrain(cfg, data, _tiny_compact, seed=3, success_check=check)
+    return stats, {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+
+def test_pretraining_s_ema_keeps_the_moving_average_of_the_iterates(tmp_path):
+    """Pre-training runs the sft learner in the trainer, one step per iteration; its EMA starts at the first
+    iterate (the random initial weights stay out of the average) and ends up in the policy."""
+    from vla_rl.algorithms.sft import SFTConfig
+
+    (_, first), (_, last) = (_pretrained(tmp_path, SFTConfig(steps=n, batch_size=4)) for n in (1, 2))
+    stats, averaged = _pretrained(tmp_path, SFTConfig(steps=2, batch_size=4, ema=0.25))
+    assert stats["sft/steps"] == 2 and stats["frames"] == 8 and stats["episodes"] == 2
+    for name, p in averaged.items():  # the first update copies iterate 1, the second mixes in iterate 2
+        torch.testing.assert_close(p, 0.25 * first[name] + 0.75 * last[name], rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(first[n], last[n]) for n in first)
+
+
+def test_pretraining_stops_at_the_first_success_check_that_reaches_the_target(tmp_path):
+    """Checks run every ``check_every`` steps from ``check_from`` in eval mode; the first one at the target
+    ends pre-training there, with the weights (and RNG stream) of a run that stops at that step."""
+    from vla_rl.algorithms.sft import SFTConfig
+
+    calls: list[tuple[bool, float]] = []
+    rates = iter([0.05, 0.10, 0.30, 0.90])
+
+    def probe(policy) -> float:
+        torch.rand(5)  # a check that draws random numbers must not shift training's stream
+        calls.append((policy.training, next(rates)))
+        return calls[-1][1]
+
+    stats, stopped = _pretrained(tmp_path, SFTConfig(steps=9, batch_size=4, stop_at_success=0.25, check_from=2,
+                                                     check_every=2), probe)
+    assert [c[1] for c in calls] == [0.05, 0.10, 0.30] and not any(c[0] for c in calls)  # steps 2, 4, 6
+    assert stats["sft/steps"] == 6 and stats["sft/check_success"] == 0.30
+    # same weights as the run that trains 6 of the same 9-step schedule with no check (LR decays over 9)
+    plain_stats, plain = _pretrained(tmp_path, SFTConfig(steps=9, batch_size=4))
+    assert plain_stats["sft/steps"] == 9 and "sft/check_success" not in plain_stats
+    rates = iter([1.0])
+    _, six = _pretrained(tmp_path, SFTConfig(steps=9, batch_size=4, stop_at_success=1.0, check_from=6,
+                                             check_every=100), probe)
+    for name, p in stopped.items():
+        torch.testing.assert_close(p, six[name])
+    assert any(not torch.equal(six[n], plain[n]) for n in six)
+    with pytest.raises(ValueError, match="stop_at_success"):
+        SFTConfig(stop_at_success=1.5)
+
+
+def test_vla_rl_train_leaves_the_success_based_stop_to_vla_rl_sft(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run(["train", "--algo.type", "sft", "--algo.stop_at_success", "0.5", *TINY, "--env.id", "mujoco/pick-red",
+             "--run_dir", str(tmp_path / "run"), "--logging.wandb", "false"])
+    assert exc.value.code == 2 and "vla-rl sft" in capsys.readouterr().err
+
+
 def test_the_sft_learner_needs_a_dataset(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         run(["train", "--algo.type", "sft", *TINY, "--env.id", "mujoco/pick-red", "--env.obs_mode", "state",
@@ -235,14 +303,14 @@ def test_the_sft_learners_schedule_spans_the_run_unless_given():
     """``algo.steps`` 0 (the default of the SFT-style learners) becomes ``iterations x steps_per_iter`` when the
     trainer builds the learner; a given length is kept, and an unresolved 0 is refused instead of a 1-step schedule."""
     from vla_rl.algorithms.filtered_bc import FilteredBCConfig
-    from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
+    from vla_rl.algorithms.sft import SFTConfig, SFTLearner
 
-    assert SFTLearnerConfig(steps_per_iter=40).for_run(3).steps == 120
+    assert SFTConfig(steps_per_iter=40).for_run(3).steps == 120
     assert FilteredBCConfig().for_run(200).steps == 200 * FilteredBCConfig().steps_per_iter
     assert FilteredBCConfig(steps=50).for_run(200).steps == 50
-    with pytest.raises(ValueError, match="algo.steps"):
-        SFTLearnerConfig(steps=-1)
-    learner = SFTLearner(SFTLearnerConfig(), torch.nn.Linear(1, 1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="SFT steps"):
+        SFTConfig(steps=-1)
+    learner = SFTLearner(SFTConfig(), torch.nn.Linear(1, 1))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="for_run"):
         learner._start(None)
 
@@ -253,7 +321,7 @@ def test_the_learning_rate_warms_up_linearly_then_follows_the_cosine():
     import math
 
     from vla_rl.algorithms.rac import RaCLearnerConfig
-    from vla_rl.sft import SFTConfig, SFTUpdater, lr_factor
+    from vla_rl.algorithms.sft import SFTConfig, SFTUpdater, lr_factor
 
     assert [lr_factor(s, 4, 14) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert lr_factor(4, 4, 14) == 1.0 and lr_factor(9, 4, 14) == pytest.approx(0.55)

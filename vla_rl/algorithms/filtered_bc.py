@@ -3,7 +3,7 @@
 Each iteration the policy explores in the training envs as PPO's rollouts do (its sampler, episodes continued
 across iterations), every decision of an episode that ends in success joins a buffer
 (:class:`vla_rl.data.replay.SuccessBuffer`), and ``steps_per_iter`` supervised steps
-(:class:`vla_rl.sft.SFTUpdater`: the policy's own ``sft_loss``, flow matching or token cross-entropy) train on
+(:class:`vla_rl.algorithms.sft.SFTUpdater`: the policy's own ``sft_loss``, flow matching or token cross-entropy) train on
 batches of those rows, mixed with the demos (``algo.demos``) at ``demo_ratio``.
 
 It is reward-weighted regression with a 0/1 weight (iterated filtered behaviour cloning): the policy moves
@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from policies.base import ActMode, Policy
 from vla_rl.algorithms.base import IterationInputs, LearnerConfig, Needs, SmokeLimits, register_learner
-from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
+from vla_rl.algorithms.sft import SFTConfig, SFTLearner
 from vla_rl.config import ConfigError
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 from vla_rl.data.mix import MixedSource
@@ -37,7 +37,7 @@ from vla_rl.rollout import Rollout
 
 
 @dataclass
-class FilteredBCConfig(SFTLearnerConfig):
+class FilteredBCConfig(SFTConfig):
     """Success-filtered self-imitation (``--algo.type filtered_bc``): SFT settings (``lr``, ``batch_size``,
     ``image_shift``, ...; ``steps`` is the cosine schedule's length, by default the run's
     ``iterations x steps_per_iter``) plus collection and the data mix."""

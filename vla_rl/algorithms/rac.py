@@ -1,7 +1,7 @@
 """RaC as a learner: supervised fine-tuning on demos plus intervention segments, in rounds of collection.
 
 ``vla-rl train --algo.type rac --data.path INTERVENTIONS [--algo.demos DEMOS]``
-runs :class:`vla_rl.sft.SFTUpdater` steps (flow matching / token
+runs :class:`vla_rl.algorithms.sft.SFTUpdater` steps (flow matching / token
 cross-entropy, whatever the policy's ``sft_loss`` is) on batches mixed from
 
 - the demos (``algo.demos``, any LeRobotDataset; rows drawn uniformly), a
@@ -37,7 +37,7 @@ from torch import Tensor
 from policies.base import ActMode, Policy
 from vla_core.labels import Label
 from vla_rl.algorithms.base import IterationInputs, LearnerConfig, Needs, SmokeLimits, register_learner
-from vla_rl.algorithms.sft import SFTLearner, SFTLearnerConfig
+from vla_rl.algorithms.sft import SFTConfig, SFTLearner
 from vla_rl.data.chunks import ChunkBatch, ChunkDataset
 from vla_rl.data.mix import MixedSource
 from vla_rl.intervention.operator import OperatorConfig
@@ -47,7 +47,7 @@ DEMO = -1
 
 
 @dataclass
-class RaCLearnerConfig(SFTLearnerConfig):
+class RaCLearnerConfig(SFTConfig):
     """RaC fine-tuning (``--algo.type rac``): the SFT settings plus the data mix, label weights and rounds."""
 
     demos: str = ""

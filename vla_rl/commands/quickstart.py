@@ -34,7 +34,9 @@ from sim.dataset import verify_dataset
 from vla_core.manifest import IntegrityError, exclusive, move_aside
 from vla_rl.algorithms.base import LearnerConfig
 from vla_rl.algorithms.filtered_bc import FilteredBCConfig
+from vla_rl.algorithms.sft import SFTConfig, save_sft_policy
 from vla_rl.commands import COMMANDS
+from vla_rl.commands.sft import pretrain
 from vla_rl.config import ConfigError, EnvConfig, default_runs_dir
 from vla_rl.data import collect_demos
 from vla_rl.evaluation import evaluate_policy
@@ -42,7 +44,6 @@ from vla_rl.report import make_plots, write_report
 from vla_rl.run_logging import LoggingConfig
 from vla_rl.threads import ThreadsConfig
 from vla_rl.policy_factory import build_policy
-from vla_rl.sft import SFTConfig, pretrain_on_dataset, save_sft_policy
 from vla_rl.train_config import (
     EVAL_SEED_BASE,
     POLICY_CHOICES,
@@ -52,7 +53,7 @@ from vla_rl.train_config import (
     TrainConfig,
     policy_type,
 )
-from vla_rl.trainer import Trainer, seed_everything
+from vla_rl.trainer import Trainer
 
 
 def _maniskill_gpu_ready() -> bool:
@@ -103,7 +104,9 @@ class QuickstartConfig:
     env: EnvConfig = field(default_factory=_quickstart_env)
     policy: PolicyConfig = field(default_factory=_quickstart_policy)
     algo: LearnerConfig = field(default_factory=_quickstart_algo)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=700, episodes=50))
+    sft: LearnerConfig = field(default_factory=lambda: SFTConfig(steps=700, episodes=50))
+    """Pre-training (``--sft.*``: the ``sft`` learner's settings; ``type`` must stay ``sft``): 700 steps on the first
+    50 demos unless given."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     threads: ThreadsConfig = field(default_factory=ThreadsConfig)
     """Torch threads of the RL stage per part (``--threads.update``, ``--threads.rollout``; see docs/training.md)."""
@@ -138,6 +141,8 @@ class QuickstartConfig:
         return DEMO_NOISE.get(self.env.id.partition("/")[0], DEMO_NOISE["default"])
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sft, SFTConfig):
+            raise ValueError(f"sft.type must be 'sft' (the quickstart pre-trains with it), got {self.sft.type!r}")
         if self.sft.episodes > self.demos:
             raise ValueError(f"sft.episodes={self.sft.episodes} exceeds demos={self.demos}")
         if self.eval_episodes < 1 or self.demos < 1:
@@ -169,15 +174,15 @@ def _check_seed(cfg: QuickstartConfig) -> int:
     return EVAL_SEED_BASE + cfg.seed * SEED_BLOCK + SEED_BLOCK // 2
 
 
-def _success_check(cfg: QuickstartConfig, policy: Any, exec_steps: int,
-                   stack: contextlib.ExitStack) -> Callable[[], float] | None:
+def _success_check(cfg: QuickstartConfig, exec_steps: int,
+                   stack: contextlib.ExitStack) -> Callable[[Any], float] | None:
     """``pretrain``'s success check: the policy's ODE success on ``sft.check_episodes`` episodes of its own
     seeds (env built on the first check, closed by ``stack``); None when ``sft.stop_at_success`` is 0."""
     if not cfg.sft.stop_at_success:
         return None
     envs: list[Any] = []
 
-    def check() -> float:
+    def check(policy: Any) -> float:
         if not envs:
             envs.append(stack.enter_context(cfg.env.make(seed=_check_seed(cfg))))
         res = evaluate_policy(envs[0], policy, cfg.sft.check_episodes, _check_seed(cfg), exec_steps,
@@ -224,11 +229,11 @@ def run_quickstart(cfg: QuickstartConfig) -> dict[str, Any]:
     sft_dir = run_dir / "sft_policy"
     if not _reusable(sft_dir, "pre-trained policy", verify_policy_folder):
         print(f"[2/4] pre-training on {cfg.sft.episodes or cfg.demos} demos")
-        seed_everything(cfg.seed)
-        policy = build_policy(train_cfg.policy, spec)
         with contextlib.ExitStack() as stack:
-            sft_stats = pretrain_on_dataset(policy, demo_root, cfg.sft, seed=cfg.seed,
-                                            success_check=_success_check(cfg, policy, train_cfg.exec_steps, stack))
+            policy, sft_stats = pretrain(cfg.sft, demo_root, lambda _: build_policy(train_cfg.policy, spec),
+                                         seed=cfg.seed, policy=train_cfg.policy,
+                                         success_check=_success_check(cfg, train_cfg.exec_steps, stack))
+        sft_stats.pop("evaluation")
         save_sft_policy(policy, sft_dir, sft_stats)
     else:
         print(f"[2/4] reusing pre-trained policy {sft_dir}")

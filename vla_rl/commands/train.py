@@ -6,7 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vla_rl.algorithms.sft import SFTConfig
 from vla_rl.commands import COMMANDS
+from vla_rl.config import ConfigError
 from vla_rl.smoke import apply_smoke
 from vla_rl.report import make_plots, write_report
 from vla_rl.train_config import TrainConfig, policy_type
@@ -15,6 +17,9 @@ from vla_rl.trainer import Trainer
 
 @COMMANDS.register("train", config=TrainConfig, help="fine-tuning with any registered learner (PPO, GRPO, ...): evaluation, logging, checkpoints")
 def train(cfg: TrainConfig) -> dict[str, Any]:
+    if isinstance(cfg.algo, SFTConfig) and cfg.algo.stop_at_success:
+        raise ConfigError("algo.stop_at_success: the training loop runs its iterations; use `vla-rl sft` for a "
+                          "success-based stop")
     cfg = apply_smoke(cfg)
     start = time.perf_counter()
     result = Trainer(cfg).run()
