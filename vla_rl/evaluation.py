@@ -171,7 +171,7 @@ def play_episodes(
             chunk = act(obs)
             steps = chunk.shape[1] if exec_steps <= 0 else min(exec_steps, chunk.shape[1])
             record = video is not None and min(counts[:video_envs]) < filmed
-            out = env.step_chunk(chunk[:, :steps], record_obs=record)
+            out = env.step_chunk(chunk[:, :steps], record_obs=True) if record else env.step_chunk(chunk[:, :steps])
             obs = out.obs
             if record:
                 for step_obs in out.step_obs or []:

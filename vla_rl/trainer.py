@@ -325,7 +325,7 @@ class Trainer:
         for it in bar:
             result = self._iteration(run, hooks, it, it + 1 == cfg.iterations)
             ends = result.last | any([hook.ends_run(it) for hook in hooks])  # every hook asked
-            if ends and result.evaluation is None and _evaluates(run):  # a hook ended the run: its result is evaluated all the same
+            if ends and result.evaluation is None and _evaluates(run):  # a hook ended the run: evaluate it all the same
                 with _stage(hooks, "evaluate"):
                     result.evaluation = self._evaluate(run.policy, run.eval_env, result.env_steps, run.logger,
                                                        f"iter_{it + 1:06d}")
@@ -360,9 +360,9 @@ class Trainer:
         base, _ = training_seed_range(cfg, it)
         run.policy.train()
         envs = run.env.num_envs if run.env is not None else 0
-        inputs = IterationInputs(iteration=it, seed_base=run.dist.seed_base(base, envs), reset=cfg.reset_every_iteration,
-                                 engine=run.engine if learner.needs.env_rollouts else None, data=run.data,
-                                 sync=evaluates)
+        inputs = IterationInputs(iteration=it, seed_base=run.dist.seed_base(base, envs),
+                                 reset=cfg.reset_every_iteration, data=run.data, sync=evaluates,
+                                 engine=run.engine if learner.needs.env_rollouts else None)
         with _stage(hooks, "collect"), torch_threads(cfg.threads.rollout):
             batch = learner.collect(inputs)
         with _stage(hooks, "update"), torch_threads(cfg.threads.update):
@@ -398,7 +398,8 @@ class Trainer:
         return IterationResult(iteration=it, batch=batch, scalars=scalars, rollout=rollout, episodes=episodes,
                                env_steps=step, last=last)
 
-    def _checkpoint(self, run: RunContext, hooks: list[Hook], result: IterationResult, best: float | None) -> float | None:
+    def _checkpoint(self, run: RunContext, hooks: list[Hook], result: IterationResult,
+                    best: float | None) -> float | None:
         """Write the checkpoint after ``result``'s iteration (rank 0; every rank's RNG and learner state in it) and
         mark it best when its evaluation beats ``best``; returns the best success so far."""
         dist, learner, done = run.dist, run.learner, result.iteration + 1
@@ -410,7 +411,8 @@ class Trainer:
             return best
         with _stage(hooks, "checkpoint"):  # the policy folder holds what was evaluated (the EMA's average)
             state.update({hook.name: hook.state_dict() for hook in hooks if hook.name})
-            saved = ckpt.save_checkpoint(self.ckpt_dir, done, run.policy, state, self._config_dict(), self.cfg.keep_last)
+            saved = ckpt.save_checkpoint(self.ckpt_dir, done, run.policy, state, self._config_dict(),
+                                         self.cfg.keep_last)
         self._saved = saved
         res = result.evaluation
         if res is not None and (best is None or res.success_rate > best):

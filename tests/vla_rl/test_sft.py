@@ -1,4 +1,4 @@
-"""``vla-rl sft``, the SFT learner and updater: any policy type, any LeRobotDataset folder, errors that name the feature."""
+"""``vla-rl sft``, the SFT learner and updater: any policy, any LeRobotDataset folder, errors that name the feature."""
 
 from __future__ import annotations
 
