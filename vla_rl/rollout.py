@@ -14,7 +14,7 @@ decision is then terminal and the env is reset before the next decision (sequent
 
 Everything ``evaluate`` needs (``ActOutput.extras``) is recorded, together
 with the value of each decision's true successor (the final observation where
-the episode ended, see ALGORITHMS.md), so GAE can bootstrap truncations.
+the episode ended), so GAE can bootstrap truncations.
 
 Two collection modes:
 

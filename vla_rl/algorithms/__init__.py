@@ -1,4 +1,4 @@
-"""RL math as pure functions: advantage estimators and losses (see docs ALGORITHMS.md).
+"""RL math as pure functions: advantage estimators and losses (docs/training.md, "`vla-rl train`").
 
 Learners (PPO, GRPO, SFT) only wire these functions; they hold no math of their own.
 """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 GROUP_STD_EPS = 1e-6
-"""Added to the group std in :func:`group_relative` (ALGORITHMS.md, GRPO)."""
+"""Added to the group std in :func:`group_relative`."""
 
 
 # ----------------------------------------------------------------------------- checks

@@ -75,7 +75,7 @@ def ppo_policy_loss(
         advantages: ``float [*S]`` or ``float [*S[:k]]`` advantages.
         clip_low: ``eps_low`` in ``[0, 1)``; the ratio is clipped below at ``1 - clip_low``.
         clip_high: ``eps_high >= 0``; the ratio is clipped above at ``1 + clip_high``.
-        dual_clip: the constant ``c > 1`` of dual clip (3 in ALGORITHMS.md), or
+        dual_clip: the constant ``c > 1`` of dual clip (typically 3), or
             None / 0 to disable it.
         mask: optional ``bool`` of ``logp``'s leading dims; True = valid element.
 
