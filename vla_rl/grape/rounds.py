@@ -218,8 +218,7 @@ def evaluate_policy_folder(cfg: AlignConfig, episodes: int = 0) -> dict[str, Any
     """Align's held-out evaluation of the checkpoint ``cfg.policy.path`` alone, without rounds: the env, the seeds
     (``cfg.seed``) and the costs a run of ``cfg`` evaluates with, so the result compares with that run's
     ``before`` / ``after`` (:func:`vla_rl.grape.report.summarize`; ``episodes`` 0 = ``cfg.eval_episodes``).
-    Used to add ``per_episode`` records to reports written before they
-    existed: the starting policy reproduces its report's numbers, since evaluation is deterministic.
+    The starting policy reproduces its report's numbers, since evaluation is deterministic.
 
     Raises:
         ConfigError: without ``policy.path``, or for a cost the env cannot report.
