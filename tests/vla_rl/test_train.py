@@ -14,17 +14,10 @@ import pytest
 import torch
 
 from vla_rl.cli import parse_config
+from vla_rl.faults.scenarios import TINY_RUN
 from vla_rl.train_config import SEED_BLOCK, TRAIN_SEED_STRIDE, TrainConfig, training_seed_overlap
 
-TINY = [
-    "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--env.image_size", "32", "--env.max_episode_steps", "16",
-    "--policy.type", "compact-flow", "--policy.width", "32", "--policy.heads", "2", "--policy.chunk_size", "4",
-    "--policy.text_encoder", "hashed", "--policy.cnn_channels", "[8,16]", "--policy.image_tokens", "2",
-    "--policy.sampler.num_steps", "2", "--policy.value_hidden", "32",
-    "--algo.decisions_per_iter", "4", "--algo.epochs", "1", "--algo.minibatch_size", "4", "--algo.critic_warmup_iters", "1",
-    "--eval.episodes", "2", "--eval.every", "0", "--eval.video", "false",
-    "--logging.wandb", "false", "--logging.tensorboard", "false",
-]
+TINY = TINY_RUN
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def record(root: Path, episodes: int = EPISODES) -> str:
     return str(rec.finalize())
 
 
-TINY = [
+TINY_RUN = [
     "--env.id", "mujoco/pick-red", "--env.num_envs", "2", "--env.image_size", "32", "--env.max_episode_steps", "16",
     "--policy.type", "compact-flow", "--policy.width", "32", "--policy.heads", "2", "--policy.chunk_size", "4",
     "--policy.text_encoder", "hashed", "--policy.cnn_channels", "[8,16]", "--policy.image_tokens", "2",
@@ -81,9 +81,10 @@ TINY = [
     "--algo.decisions_per_iter", "4", "--algo.epochs", "1", "--algo.minibatch_size", "4", "--algo.critic_warmup_iters", "1",
     "--eval.episodes", "2", "--eval.every", "0", "--eval.video", "false",
     "--logging.wandb", "false", "--logging.tensorboard", "false",
-    "--env.num_workers", "0",  # envs in the run's own process: a SIGKILL leaves no orphan
 ]
-"""A ``vla-rl train`` run of a few seconds an iteration."""
+"""A ``vla-rl train`` run of a few seconds an iteration (the training tests' run too)."""
+TINY = [*TINY_RUN, "--env.num_workers", "0"]
+"""The fault scenarios' run: :data:`TINY_RUN` with the envs in the run's own process, so a SIGKILL leaves no orphan."""
 ITERATIONS = 5
 
 
