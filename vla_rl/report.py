@@ -137,7 +137,13 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], plots: Sequence[P
         lines += ["", f"Where the training iterations' {total:.0f} s went:", "", "| part | seconds | share |",
                   "|---|---|---|"]
         lines += [f"| {k} | {v:.1f} | {v / total:.0%} |" for k, v in times.items()]
-    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]
+    return write_report_md(run_dir, lines, plots, videos)
+
+
+def write_report_md(run_dir: Path, lines: list[str], plots: Sequence[Path], videos: dict[str, str]) -> Path:
+    """``run_dir/report.md`` (atomically): ``lines``, then the plots and the ``videos`` (paths relative to
+    ``run_dir``) sections every run report ends with; returns its path."""
+    lines = [*lines, "", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]
     if videos:
         lines += ["", "## Videos", ""] + [f"- {k}: `{v}`" for k, v in videos.items()]
     md = run_dir / "report.md"

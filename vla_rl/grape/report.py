@@ -17,7 +17,7 @@ from sim.video import VideoWriter
 from vla_core.manifest import write_text_atomic
 from vla_rl.evaluation import wilson_interval
 from vla_rl.grape.trajectory import PreferencePair, Trajectory
-from vla_rl.report import stack_times
+from vla_rl.report import stack_times, write_report_md
 
 ROUND_TIMES = (
     ("env", "time/sample_env_s"),
@@ -295,9 +295,4 @@ def write_align_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[s
     skipped = [r["round"] for r in rows if r.get("skipped")]
     if skipped:
         lines += ["", f"Rounds without a pair (all successes or all failures per state), skipped: {skipped}."]
-    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]
-    if videos:
-        lines += ["", "## Videos", ""] + [f"- {k}: `{Path(v).relative_to(run_dir)}`" for k, v in videos.items()]
-    md = run_dir / "report.md"
-    write_text_atomic(md, "\n".join(lines) + "\n")
-    return md
+    return write_report_md(run_dir, lines, plots, {k: str(Path(v).relative_to(run_dir)) for k, v in videos.items()})
